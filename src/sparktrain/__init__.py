@@ -1,0 +1,60 @@
+"""sparktrain: launch PyTorch distributed training from a notebook cell or a script.
+
+``import sparktrain`` is cheap: it imports neither torch nor any optional engine (pyspark, ray,
+mlflow, deepspeed, tensorflow). Public names load on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from sparktrain._version import __version__
+from sparktrain.errors import (
+    ConfigError,
+    RankFailure,
+    TrainingFailedError,
+    TrainingTimeoutError,
+)
+
+if TYPE_CHECKING:
+    from sparktrain.compat.torch_distributor import TorchDistributor
+    from sparktrain.launcher import launch
+    from sparktrain.layout import LaunchPlan
+    from sparktrain.results import RunResult
+    from sparktrain.warm import shutdown as shutdown_warm
+
+__all__ = [
+    "ConfigError",
+    "LaunchPlan",
+    "RankFailure",
+    "RunResult",
+    "TorchDistributor",
+    "TrainingFailedError",
+    "TrainingTimeoutError",
+    "__version__",
+    "launch",
+    "shutdown_warm",
+]
+
+_LAZY = {
+    "TorchDistributor": ("sparktrain.compat.torch_distributor", "TorchDistributor"),
+    "launch": ("sparktrain.launcher", "launch"),
+    "LaunchPlan": ("sparktrain.layout", "LaunchPlan"),
+    "RunResult": ("sparktrain.results", "RunResult"),
+    "shutdown_warm": ("sparktrain.warm", "shutdown"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'sparktrain' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

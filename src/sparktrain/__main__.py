@@ -1,0 +1,7 @@
+"""``python -m sparktrain`` is the ``sparktrain`` command."""
+
+import sys
+
+from sparktrain.cli import main
+
+sys.exit(main())

@@ -1,0 +1,211 @@
+"""One node's ranks: start them through a fork server, stream their logs, stop them together.
+
+The agent runs one event loop in the calling thread (no helper threads, so Ctrl-C arrives where
+it can be handled): it reads every rank's stdout and stderr pipes and the fork server's events.
+When a rank exits non-zero, or the timeout passes, or the caller presses Ctrl-C, the agent sends
+SIGTERM to every other rank's process group and SIGKILL after ``grace`` seconds. It returns only
+when every rank has exited and its pipes are drained, so no line is lost and nothing survives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import signal
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from sparktrain.logs import LogSink, Stream
+from sparktrain.warm import ForkServer
+from sparktrain.worker import RankRequest
+
+#: How long to keep reading pipes after every rank has exited (a grandchild may hold them).
+DRAIN_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class RankExit:
+    """How one rank's process ended.
+
+    Attributes:
+        rank: Global rank.
+        exit_code: 0 on success; negative for a signal.
+        time: Wall-clock time the fork server saw it exit.
+        stopped: Whether the agent had signalled it to stop before it exited.
+    """
+
+    rank: int
+    exit_code: int
+    time: float
+    stopped: bool
+
+
+@dataclass
+class NodeOutcome:
+    """What happened to a node's ranks."""
+
+    exits: dict[int, RankExit] = field(default_factory=dict)
+    timed_out: bool = False
+    running_at_timeout: tuple[int, ...] = ()
+    stop_time: float | None = None
+
+
+class NodeAgent:
+    """Starts and supervises the ranks of one node."""
+
+    def __init__(
+        self,
+        server: ForkServer,
+        requests: Sequence[RankRequest],
+        sink: LogSink,
+        *,
+        listen: socket.socket | None = None,
+        timeout: float | None = None,
+        grace: float = 3.0,
+    ) -> None:
+        """Prepare to run ``requests`` (one per rank) on ``server``.
+
+        Args:
+            server: The fork server that forks the ranks.
+            requests: One request per local rank.
+            sink: Receives every rank's output.
+            listen: The bound socket on which rank 0 hosts the rendezvous store.
+            timeout: Seconds before the ranks are stopped, or ``None``.
+            grace: Seconds between SIGTERM and SIGKILL.
+        """
+        self.server = server
+        self.requests = list(requests)
+        self.sink = sink
+        self.listen = listen
+        self.timeout = timeout
+        self.grace = grace
+        self.outcome = NodeOutcome()
+        self._pids: dict[int, int] = {}
+        self._ranks: dict[int, int] = {}
+        self._signalled: set[int] = set()
+        self._kill_at: float | None = None
+        self._expected = 0  # ranks whose spawn request reached the server
+        self._selector = selectors.DefaultSelector()
+
+    def run(self) -> NodeOutcome:
+        """Run the ranks to the end. Re-raises ``KeyboardInterrupt`` after stopping them."""
+        try:
+            self._start()
+            self._loop()
+        except KeyboardInterrupt:
+            self.stop()
+            with contextlib.suppress(KeyboardInterrupt):
+                self._loop()
+            raise
+        finally:
+            self._close()
+        return self.outcome
+
+    def stop(self) -> None:
+        """Ask every rank still running to stop (SIGTERM now, SIGKILL after the grace period)."""
+        if self.outcome.stop_time is None:
+            self.outcome.stop_time = time.time()
+            self._kill_at = time.monotonic() + self.grace
+        for rank, pid in self._pids.items():
+            if rank not in self.outcome.exits and rank not in self._signalled:
+                self._signalled.add(rank)
+                self.server.signal(pid, signal.SIGTERM)
+
+    def _start(self) -> None:
+        self._selector.register(self.server.fileno(), selectors.EVENT_READ, None)
+        for request in self.requests:
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+            fds = [out_w, err_w]
+            if request.rank == 0 and self.listen is not None:
+                fds.append(self.listen.fileno())
+            try:
+                self.server.spawn(request.rank, request, fds)
+                self._expected += 1
+            finally:
+                os.close(out_w)
+                os.close(err_w)
+            self._selector.register(out_r, selectors.EVENT_READ, (request.rank, "stdout"))
+            self._selector.register(err_r, selectors.EVENT_READ, (request.rank, "stderr"))
+        if self.listen is not None:
+            self.listen.close()
+
+    def _pipes_open(self) -> bool:
+        return len(self._selector.get_map()) > 1
+
+    def _loop(self) -> None:
+        started = time.monotonic()
+        drain_until: float | None = None
+        while len(self.outcome.exits) < self._expected or self._pipes_open():
+            now = time.monotonic()
+            if len(self.outcome.exits) == self._expected:
+                drain_until = drain_until or now + DRAIN_SECONDS
+                if now >= drain_until:
+                    return
+            deadlines = [d for d in (drain_until, self._kill_at) if d is not None]
+            if self.timeout is not None and self.outcome.stop_time is None:
+                deadlines.append(started + self.timeout)
+            wait = max(0.0, min(deadlines) - now) if deadlines else None
+            for key, _ in self._selector.select(wait):
+                if key.data is None:
+                    self._on_event()
+                else:
+                    self._on_output(key.fd, *key.data)
+            self._check_clocks(started)
+
+    def _check_clocks(self, started: float) -> None:
+        now = time.monotonic()
+        if (
+            self.timeout is not None
+            and self.outcome.stop_time is None
+            and now - started >= self.timeout
+        ):
+            self.outcome.timed_out = True
+            self.outcome.running_at_timeout = tuple(
+                sorted(r.rank for r in self.requests if r.rank not in self.outcome.exits)
+            )
+            self.stop()
+        if self._kill_at is not None and now >= self._kill_at:
+            for rank, pid in self._pids.items():
+                if rank not in self.outcome.exits:
+                    self.server.signal(pid, signal.SIGKILL)
+            self._kill_at = None
+
+    def _on_output(self, fd: int, rank: int, stream: Stream) -> None:
+        data = os.read(fd, 1 << 16)
+        if data:
+            self.sink.feed(rank, stream, data)
+            return
+        self._selector.unregister(fd)
+        os.close(fd)
+        self.sink.close(rank, stream)
+
+    def _on_event(self) -> None:
+        event = self.server.receive()
+        if event["ev"] == "spawned":
+            rank, pid = event["key"], event["pid"]
+            self._pids[rank] = pid
+            self._ranks[pid] = rank
+            if self.outcome.stop_time is not None:
+                self.stop()
+        elif event["ev"] == "exited":
+            rank = self._ranks[event["pid"]]
+            code = os.waitstatus_to_exitcode(event["status"])
+            self.outcome.exits[rank] = RankExit(rank, code, event["time"], rank in self._signalled)
+            if code != 0:
+                self.stop()
+
+    def _close(self) -> None:
+        for key in list(self._selector.get_map().values()):
+            if key.data is not None:
+                with contextlib.suppress(OSError):
+                    os.close(key.fd)
+        self._selector.close()
+        if self.listen is not None:
+            self.listen.close()
+        if len(self.outcome.exits) < self._expected:
+            # Ranks we could not see exit: closing the server kills them all.
+            self.server.close()

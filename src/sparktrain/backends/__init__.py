@@ -1,0 +1,1 @@
+"""Where ranks run: ``local`` (this machine); Spark and Ray backends arrive in later versions."""

@@ -1,0 +1,105 @@
+"""The local backend: every rank on this machine, forked from the caller's warm fork server.
+
+Rank 0 hosts the rendezvous store on a loopback socket that this backend binds to a free port
+before any rank starts and hands over as a file descriptor, so concurrent runs never pick the
+same port and no rank ever joins another run's store.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from sparktrain import env, warm
+from sparktrain.agent import NodeAgent
+from sparktrain.entrypoint import Entrypoint, FunctionEntry, ScriptEntry
+from sparktrain.layout import LaunchPlan
+from sparktrain.logs import LogSink
+from sparktrain.results import RunResult, collect
+from sparktrain.worker import RankRequest, payload_path
+
+LOOPBACK = "127.0.0.1"
+
+
+def _bind_free_port(host: str) -> socket.socket:
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((host, 0))
+    listener.set_inheritable(True)
+    return listener
+
+
+def _requests(
+    plan: LaunchPlan, entry: Entrypoint, run_dir: str, port: int, base: dict[str, str]
+) -> list[RankRequest]:
+    run_id = uuid.uuid4().hex[:12]
+    threads = None if env.user_set_threads(base) else plan.threads_per_rank
+    keep = set(range(plan.world_size)) if plan.return_all else {0}
+    requests = []
+    for rank in range(plan.world_size):
+        rank_env = env.RankEnv(
+            rank=rank,
+            local_rank=rank,
+            world_size=plan.world_size,
+            local_world_size=plan.procs_per_node,
+            node_rank=0,
+            nodes=1,
+            master_addr=LOOPBACK,
+            master_port=port,
+            run_id=run_id,
+            visible_devices=plan.gpus if plan.device == "cuda" else None,
+            threads=plan.threads_per_rank,
+        )
+        requests.append(
+            RankRequest(
+                rank=rank,
+                env=env.rank_environ(base, rank_env),
+                cwd=os.getcwd(),
+                sys_path=list(sys.path),
+                run_dir=run_dir,
+                script=entry if isinstance(entry, ScriptEntry) else None,
+                threads=threads,
+                keep_value=rank in keep and isinstance(entry, FunctionEntry),
+            )
+        )
+    return requests
+
+
+def run_local(plan: LaunchPlan, entry: Entrypoint, *, sink: LogSink | None = None) -> RunResult:
+    """Run ``entry`` on ``plan.world_size`` ranks on this machine; see :func:`sparktrain.launch`."""
+    started = time.monotonic()
+    run_dir = tempfile.mkdtemp(prefix="sparktrain-run-")  # mode 0700: private to this user
+    listener = _bind_free_port(LOOPBACK)
+    try:
+        if isinstance(entry, FunctionEntry):
+            payload_path(run_dir).write_bytes(entry.payload)
+        base = env.caller_environ()
+        requests = _requests(plan, entry, run_dir, listener.getsockname()[1], base)
+        sink = sink or LogSink(plan.log_ranks)
+        server = warm.acquire(base)
+        agent = NodeAgent(
+            server, requests, sink, listen=listener, timeout=plan.timeout, grace=plan.stop_grace
+        )
+        try:
+            outcome = agent.run()
+        finally:
+            warm.release(server)
+        return collect(
+            outcome,
+            run_dir,
+            world_size=plan.world_size,
+            host=socket.gethostname(),
+            tails={r.rank: sink.tail(r.rank) for r in requests},
+            timeout=plan.timeout,
+            duration=time.monotonic() - started,
+            keep=tuple(r.rank for r in requests if r.keep_value),
+        )
+    finally:
+        listener.close()
+        shutil.rmtree(Path(run_dir), ignore_errors=True)

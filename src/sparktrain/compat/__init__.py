@@ -1,0 +1,1 @@
+"""Familiar front doors (pyspark's TorchDistributor, ...), each a thin adapter over ``launch``."""

@@ -1,0 +1,117 @@
+"""The one module that reads or writes environment variables of the rank contract.
+
+Each rank gets the torch contract (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+``LOCAL_WORLD_SIZE``, ``NODE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) and the torchelastic
+variables that make frameworks (Lightning, Accelerate, DeepSpeed) treat the process as an
+already-launched rank. ``TORCHELASTIC_USE_AGENT_STORE=True`` tells ``init_process_group`` to join
+the store that sparktrain hosts on a port it already holds, so two runs never race for a port.
+Nothing else in sparktrain passes values through environment variables.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+#: Variables owned by the contract: removed from the caller's environment before a rank's are set.
+CONTRACT_VARS = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "ROLE_WORLD_SIZE",
+    "GROUP_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_USE_AGENT_STORE",
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankEnv:
+    """Everything one rank needs to find its peers.
+
+    Attributes:
+        rank: Global rank, 0 .. world_size - 1.
+        local_rank: Rank on this node; indexes ``visible_devices`` on GPU runs.
+        world_size: Number of ranks in the run.
+        local_world_size: Number of ranks on this node.
+        node_rank: Index of this node.
+        nodes: Number of nodes.
+        master_addr: Host of the rendezvous store.
+        master_port: Port of the rendezvous store.
+        run_id: Identifier of the run (``TORCHELASTIC_RUN_ID``).
+        visible_devices: GPU addresses this node's ranks own, or ``None`` on CPU.
+        threads: Intra-op threads for the rank (``OMP_NUM_THREADS`` unless the user set it).
+    """
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    nodes: int
+    master_addr: str
+    master_port: int
+    run_id: str
+    visible_devices: tuple[str, ...] | None
+    threads: int
+
+    def variables(self) -> dict[str, str]:
+        """The variables to set in the rank, as strings."""
+        out = {
+            "RANK": str(self.rank),
+            "LOCAL_RANK": str(self.local_rank),
+            "WORLD_SIZE": str(self.world_size),
+            "LOCAL_WORLD_SIZE": str(self.local_world_size),
+            "NODE_RANK": str(self.node_rank),
+            "GROUP_RANK": str(self.node_rank),
+            "GROUP_WORLD_SIZE": str(self.nodes),
+            "ROLE_RANK": str(self.rank),
+            "ROLE_NAME": "default",
+            "ROLE_WORLD_SIZE": str(self.world_size),
+            "MASTER_ADDR": self.master_addr,
+            "MASTER_PORT": str(self.master_port),
+            "TORCHELASTIC_RUN_ID": self.run_id,
+            "TORCHELASTIC_RESTART_COUNT": "0",
+            "TORCHELASTIC_MAX_RESTARTS": "0",
+            "TORCHELASTIC_USE_AGENT_STORE": "True",
+            "PYTHONUNBUFFERED": "1",
+        }
+        if self.visible_devices is not None:
+            out["CUDA_VISIBLE_DEVICES"] = ",".join(self.visible_devices)
+        return out
+
+
+def rank_environ(base: Mapping[str, str], rank_env: RankEnv) -> dict[str, str]:
+    """The full environment of one rank: the caller's, less a stale contract, plus the rank's."""
+    env = {k: v for k, v in base.items() if k not in CONTRACT_VARS}
+    env.update(rank_env.variables())
+    env.setdefault("OMP_NUM_THREADS", str(rank_env.threads))
+    return env
+
+
+def caller_environ() -> dict[str, str]:
+    """A snapshot of the caller's environment, to be the base of every rank's."""
+    return dict(os.environ)
+
+
+def cuda_visible_devices() -> tuple[str, ...] | None:
+    """The caller's ``CUDA_VISIBLE_DEVICES`` as a tuple, or ``None`` when it is not set."""
+    raw = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if raw is None:
+        return None
+    return tuple(p.strip() for p in raw.split(",") if p.strip() and p.strip() != "-1")
+
+
+def user_set_threads(env: Mapping[str, str]) -> bool:
+    """Whether the user chose the thread count (``OMP_NUM_THREADS``) themselves."""
+    return "OMP_NUM_THREADS" in env

@@ -1,0 +1,119 @@
+"""Errors that sparktrain raises, and the culprit/victim report of a failed run.
+
+Design choices:
+- Bad input is a :class:`ConfigError` (a ``ValueError``) raised before any process starts; its
+  message names the value and says what to do.
+- A failed run is one :class:`TrainingFailedError` (a ``RuntimeError``) that names the *culprit*,
+  the rank that failed first, with its remote traceback, and the *victims*, the ranks stopped
+  because of it. Every rank's failure stays available in ``failures`` for programs.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+
+
+class ConfigError(ValueError):
+    """A launch was asked for with a bad value; nothing was started."""
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """How one rank failed.
+
+    Attributes:
+        rank: Global rank.
+        host: Host the rank ran on.
+        time: Wall-clock time of the failure (seconds since the epoch).
+        exc_type: Qualified name of the exception type, or ``None`` when the rank died without one.
+        message: The exception's message, or a sentence on how the process ended.
+        traceback: The remote traceback as text ("" when there is none).
+        exit_code: Process exit code; negative for a signal (``-9`` is SIGKILL).
+        log_tail: The last lines the rank wrote to stderr, for deaths without a traceback.
+    """
+
+    rank: int
+    host: str
+    time: float
+    exc_type: str | None
+    message: str
+    traceback: str = ""
+    exit_code: int | None = None
+    log_tail: tuple[str, ...] = ()
+
+    @property
+    def signal_name(self) -> str | None:
+        """The name of the signal that killed the rank, if one did."""
+        if self.exit_code is None or self.exit_code >= 0:
+            return None
+        try:
+            return signal.Signals(-self.exit_code).name
+        except ValueError:
+            return f"signal {-self.exit_code}"
+
+    def summary(self) -> str:
+        """One line: what happened to this rank."""
+        if self.exc_type:
+            return f"{self.exc_type}: {self.message}"
+        return self.message
+
+
+class TrainingFailedError(RuntimeError):
+    """A distributed run failed: names the culprit rank, its traceback and the victim ranks.
+
+    Attributes:
+        culprit: The rank that failed first, or ``None`` (a timeout has no culprit).
+        victims: Ranks stopped, or failing, because of the culprit.
+        failures: Every failed rank's report, by rank.
+        attempts: How many times the group was started.
+    """
+
+    def __init__(
+        self,
+        culprit: RankFailure | None,
+        victims: tuple[int, ...],
+        failures: dict[int, RankFailure],
+        *,
+        attempts: int = 1,
+        headline: str | None = None,
+    ) -> None:
+        self.culprit = culprit
+        self.victims = victims
+        self.failures = failures
+        self.attempts = attempts
+        super().__init__(headline or _describe(culprit, victims, attempts))
+
+
+class TrainingTimeoutError(TrainingFailedError):
+    """A run outlived its ``timeout=``; names the ranks that were still running."""
+
+    def __init__(self, timeout: float, running: tuple[int, ...], done: tuple[int, ...]) -> None:
+        self.running = running
+        headline = (
+            f"the run did not finish within timeout={timeout:g}s; stopped the ranks still "
+            f"running: {_ranks(running)}"
+            + (f" (finished: {_ranks(done)})" if done else "")
+            + ". Raise timeout= if the run needs longer, or look for a rank waiting on a "
+            "collective that another rank never reached."
+        )
+        super().__init__(None, running, {}, headline=headline)
+
+
+def _ranks(ranks: tuple[int, ...]) -> str:
+    return ", ".join(f"rank {r}" for r in ranks) if ranks else "none"
+
+
+def _describe(culprit: RankFailure | None, victims: tuple[int, ...], attempts: int) -> str:
+    if culprit is None:
+        return "the run failed"
+    where = f"rank {culprit.rank}" + (f" on {culprit.host}" if culprit.host else "")
+    lines = [f"{where} failed first: {culprit.summary()}"]
+    if attempts > 1:
+        lines[0] += f" (attempt {attempts} of {attempts})"
+    lines.append(f"victims (stopped because of it): {_ranks(victims)}")
+    if culprit.traceback:
+        lines += ["", f"Traceback of rank {culprit.rank}:", culprit.traceback.rstrip()]
+    elif culprit.log_tail:
+        lines += ["", f"last lines of rank {culprit.rank}'s stderr:", *culprit.log_tail]
+    return "\n".join(lines)

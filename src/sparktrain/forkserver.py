@@ -1,0 +1,173 @@
+"""The warm fork server: one process per caller that has imported torch and forks fresh ranks.
+
+Starting a rank costs a Python interpreter plus ``import torch`` (1-2 s here). The fork server pays
+that once per caller: it imports torch and sparktrain's worker, then forks each rank on request, so
+a rank starts in milliseconds. It never runs user code itself, so every rank is a fresh process
+with no state from earlier runs. While idle, it also imports ``torch._dynamo``, which the first
+``DistributedDataParallel`` would otherwise import in every rank (1-5 s).
+
+Protocol: an anonymous ``AF_UNIX`` ``SOCK_SEQPACKET`` socket pair, so no other process can reach
+it and it needs no secret. The client sends ``spawn`` (with the rank's stdout/stderr pipes and,
+for rank 0, the store's listening socket, passed as file descriptors) and ``signal`` messages;
+the server answers ``spawned`` and ``exited``. When the client's end closes (the caller exited or
+was killed), the server kills every rank's process group and exits. Ranks also get
+``PR_SET_PDEATHSIG`` so that they die with the server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import pickle
+import select
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+#: Imported before the server says it is ready: every rank needs them.
+PRELOAD = ("torch", "torch.distributed", "sparktrain.worker")
+#: Imported while idle (no rank alive, nothing asked for a moment): only some runs need them.
+WARM_LATER = ("torch._dynamo", "torch.nn.parallel")
+IDLE_BEFORE_WARMING = 0.5
+MAX_MESSAGE = 1 << 20
+MAX_FDS = 4
+_IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class _BecomeRank(Exception):
+    """Raised in a freshly forked child to leave the server loop and run a rank."""
+
+    def __init__(self, request: Any, listen_fd: int | None) -> None:
+        super().__init__()
+        self.request = request
+        self.listen_fd = listen_fd
+
+
+def _send(sock: socket.socket, message: dict[str, Any]) -> None:
+    with contextlib.suppress(OSError):
+        sock.send(pickle.dumps(message))
+
+
+def _kill_group(pid: int, sig: int) -> None:
+    if pid <= 1 or pid == os.getpgid(0):  # never our own group, whatever happens
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+class _Server:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.pid = os.getpid()
+        self.children: set[int] = set()
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        for sig in _IGNORED:  # its lifetime follows the caller's socket, nothing else
+            signal.signal(sig, signal.SIG_IGN)
+        self.warm = list(WARM_LATER)
+
+    def serve(self) -> None:
+        try:
+            for name in PRELOAD:
+                importlib.import_module(name)
+            _send(self.sock, {"ev": "ready", "pid": self.pid})
+            while self._step():
+                pass
+        finally:
+            if os.getpid() == self.pid:  # not in a rank that is leaving the loop
+                for pid in self.children:
+                    _kill_group(pid, signal.SIGKILL)
+
+    def _step(self) -> bool:
+        idle = bool(self.warm) and not self.children
+        waiting: list[int] = [self.sock.fileno(), self.wake_r]
+        readable, _, _ = select.select(waiting, [], [], IDLE_BEFORE_WARMING if idle else None)
+        if not readable:
+            importlib.import_module(self.warm.pop(0))
+            return True
+        if self.wake_r in readable:
+            with contextlib.suppress(BlockingIOError):
+                os.read(self.wake_r, 4096)
+            self._reap()
+        if self.sock.fileno() in readable:
+            return self._handle()
+        return True
+
+    def _reap(self) -> None:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            self.children.discard(pid)
+            _kill_group(pid, signal.SIGKILL)  # whatever the rank left behind in its group
+            _send(self.sock, {"ev": "exited", "pid": pid, "status": status, "time": time.time()})
+
+    def _handle(self) -> bool:
+        try:
+            data, fds, _, _ = socket.recv_fds(self.sock, MAX_MESSAGE, MAX_FDS)
+        except ConnectionResetError:
+            data, fds = b"", []
+        if not data:  # the caller is gone
+            return False
+        message = pickle.loads(data)
+        if message["op"] == "spawn":
+            self._spawn(message, fds)
+        elif message["op"] == "signal" and message["pid"] in self.children:
+            _kill_group(message["pid"], message["sig"])
+        return True
+
+    def _spawn(self, message: dict[str, Any], fds: list[int]) -> None:
+        out_fd, err_fd, *rest = fds
+        pid = os.fork()
+        if pid == 0:
+            self._enter_child(out_fd, err_fd)
+            raise _BecomeRank(message["request"], rest[0] if rest else None)
+        self.children.add(pid)
+        for fd in fds:
+            os.close(fd)
+        _send(self.sock, {"ev": "spawned", "key": message["key"], "pid": pid})
+
+    def _enter_child(self, out_fd: int, err_fd: int) -> None:
+        os.setsid()
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for sig in _IGNORED:
+            signal.signal(sig, signal.SIG_DFL)
+        self.sock.close()
+        os.close(self.wake_r)
+        os.close(self.wake_w)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(out_fd, 1)
+        os.dup2(err_fd, 2)
+        for fd in (devnull, out_fd, err_fd):
+            os.close(fd)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of ``python -m sparktrain.forkserver FD``."""
+    args = sys.argv[1:] if argv is None else argv
+    sock = socket.socket(fileno=int(args[0]))
+    try:
+        _Server(sock).serve()
+    except _BecomeRank as become:
+        from sparktrain.worker import exit_rank, run_rank
+
+        code = 1
+        try:
+            code = run_rank(become.request, become.listen_fd)
+        finally:
+            exit_rank(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""Pure planning: user intent + topology -> a validated :class:`LaunchPlan`.
+
+Every check of user input happens here, before any process starts, and each error names the bad
+value and the fix. Nothing here starts a process, opens a socket or reads the environment: the
+topology comes in as a value, so plans are cheap to build and test.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Literal
+
+from sparktrain.errors import ConfigError
+from sparktrain.topology import Topology
+
+Device = Literal["cpu", "cuda"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchPlan:
+    """How one run is laid out. Frozen; built by :func:`make_plan`.
+
+    Attributes:
+        world_size: Total number of ranks.
+        nodes: Number of nodes (1 on the local backend).
+        procs_per_node: Ranks started on each node.
+        device: ``"cuda"`` or ``"cpu"``.
+        dist_backend: The process-group backend that suits the device (``nccl`` or ``gloo``).
+        gpus: GPU addresses this node's ranks own (empty on CPU).
+        threads_per_rank: Intra-op threads per rank, so that ranks do not oversubscribe the CPUs.
+        timeout: Seconds after which the run is stopped, or ``None``.
+        log_ranks: Ranks whose output is shown, or ``None`` for all.
+        return_all: Whether every rank's return value comes back (else rank 0's only).
+        stop_grace: Seconds between SIGTERM and SIGKILL when ranks are stopped.
+    """
+
+    world_size: int
+    nodes: int
+    procs_per_node: int
+    device: Device
+    dist_backend: Literal["nccl", "gloo"]
+    gpus: tuple[str, ...]
+    threads_per_rank: int
+    timeout: float | None = None
+    log_ranks: frozenset[int] | None = None
+    return_all: bool = False
+    stop_grace: float = 3.0
+
+    def shows(self, rank: int) -> bool:
+        """Whether ``rank``'s output is shown to the caller."""
+        return self.log_ranks is None or rank in self.log_ranks
+
+    def describe(self) -> str:
+        """One line for logs: ``2 ranks on 1 node, cpu (gloo)``."""
+        where = f"{self.nodes} node" + ("s" if self.nodes != 1 else "")
+        gpus = f" {','.join(self.gpus)}" if self.gpus else ""
+        return f"{self.world_size} ranks on {where}, {self.device}{gpus} ({self.dist_backend})"
+
+
+def _check_count(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(
+            f"{name}={value!r} ({type(value).__name__}) is not an int; pass a positive integer "
+            f"such as {name}=2."
+        )
+    if value < 1:
+        raise ConfigError(f"{name}={value} must be at least 1; pass a positive integer such as 2.")
+    return value
+
+
+def _check_timeout(timeout: object) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ConfigError(
+            f"timeout={timeout!r} must be a positive number of seconds, or None for no limit."
+        )
+    if math.isinf(timeout):
+        return None
+    return float(timeout)
+
+
+def _check_log_ranks(log_ranks: Collection[int] | None, world_size: int) -> frozenset[int] | None:
+    if log_ranks is None:
+        return None
+    if isinstance(log_ranks, (str, bytes)) or not isinstance(log_ranks, Collection):
+        raise ConfigError(
+            f"log_ranks={log_ranks!r} must be a collection of ranks such as [0] or None for all."
+        )
+    bad: list[object] = [
+        r
+        for r in log_ranks
+        if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < world_size
+    ]
+    if bad:
+        raise ConfigError(
+            f"log_ranks={sorted(log_ranks, key=repr)!r} names {bad!r}, not ranks of this run "
+            f"(0 to {world_size - 1}); pass ranks in that range, or None to show all."
+        )
+    return frozenset(log_ranks)
+
+
+def _resolve_device(use_gpu: object, world_size: int, topology: Topology) -> Device:
+    if use_gpu is not None and not isinstance(use_gpu, bool):
+        raise ConfigError(
+            f"use_gpu={use_gpu!r} must be True, False, or None (GPUs when CUDA is available)."
+        )
+    gpus = len(topology.gpus)
+    if use_gpu is False or (use_gpu is None and gpus == 0):
+        return "cpu"
+    if gpus == 0:
+        raise ConfigError(
+            "use_gpu=True but no GPU is visible to this process (torch.cuda.device_count() == 0 "
+            "or CUDA_VISIBLE_DEVICES is empty); pass use_gpu=False to train on CPU with gloo, "
+            "or run where a GPU is available."
+        )
+    if world_size > gpus:
+        raise ConfigError(
+            f"num_processes={world_size} but only {gpus} GPU(s) are visible here "
+            f"({', '.join(topology.gpus)}); one rank needs one GPU. Pass num_processes<={gpus}, "
+            "or use_gpu=False to run the ranks on CPU."
+        )
+    return "cuda"
+
+
+def make_plan(
+    num_processes: object,
+    *,
+    topology: Topology,
+    use_gpu: object = None,
+    timeout: object = None,
+    log_ranks: Collection[int] | None = None,
+    return_all: bool = False,
+) -> LaunchPlan:
+    """Validate the caller's intent against ``topology`` and lay out a single-node run.
+
+    Args:
+        num_processes: Number of ranks; a positive int.
+        topology: The node's resources (see :func:`sparktrain.topology.detect_local`).
+        use_gpu: ``True`` (GPUs, error without), ``False`` (CPU), ``None`` (GPUs if any).
+        timeout: Seconds before the run is stopped, or ``None``.
+        log_ranks: Ranks whose output to show, or ``None`` for all.
+        return_all: Bring back every rank's return value, not only rank 0's.
+
+    Raises:
+        ConfigError: A value is out of range; the message says which and what to pass instead.
+    """
+    world_size = _check_count("num_processes", num_processes)
+    device = _resolve_device(use_gpu, world_size, topology)
+    gpus = topology.gpus[:world_size] if device == "cuda" else ()
+    return LaunchPlan(
+        world_size=world_size,
+        nodes=1,
+        procs_per_node=world_size,
+        device=device,
+        dist_backend="nccl" if device == "cuda" else "gloo",
+        gpus=gpus,
+        threads_per_rank=max(1, topology.cpus // world_size),
+        timeout=_check_timeout(timeout),
+        log_ranks=_check_log_ranks(log_ranks, world_size),
+        return_all=bool(return_all),
+    )

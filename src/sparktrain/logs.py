@@ -1,0 +1,86 @@
+"""Rank-tagged live log lines, with a rank filter and a tail kept for error messages.
+
+Bytes from each rank's stdout and stderr are split into lines as they arrive and written at once
+to the caller's ``sys.stdout`` / ``sys.stderr``, looked up at write time so that Jupyter's and
+pytest's redirections see them. A partial line is held until its newline (or end of stream), so
+lines of different ranks never interleave mid-line. Each rank keeps its last stderr lines for the
+error message when it dies without a traceback.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+from typing import Literal, TextIO
+
+Stream = Literal["stdout", "stderr"]
+
+
+class LogSink:
+    """Receives raw bytes from ranks and writes prefixed lines to the caller."""
+
+    def __init__(
+        self,
+        shown: frozenset[int] | None = None,
+        *,
+        prefix: str = "[rank {rank}] ",
+        tail_lines: int = 40,
+        out: TextIO | None = None,
+        err: TextIO | None = None,
+    ) -> None:
+        """Create a sink.
+
+        Args:
+            shown: Ranks whose lines are written; ``None`` for all. Others are still kept in tails.
+            prefix: Format of each line's prefix; ``{rank}`` and ``{host}`` are filled in.
+            tail_lines: How many stderr lines to keep per rank.
+            out: Where stdout lines go (default: ``sys.stdout`` at write time).
+            err: Where stderr lines go (default: ``sys.stderr`` at write time).
+        """
+        self._shown = shown
+        self._prefix = prefix
+        self._out = out
+        self._err = err
+        self._partial: dict[tuple[int, Stream], bytes] = {}
+        self._tails: dict[int, collections.deque[str]] = collections.defaultdict(
+            lambda: collections.deque(maxlen=tail_lines)
+        )
+        self._hosts: dict[int, str] = {}
+
+    def set_host(self, rank: int, host: str) -> None:
+        """Record the host of ``rank`` for the ``{host}`` field of the prefix."""
+        self._hosts[rank] = host
+
+    def feed(self, rank: int, stream: Stream, data: bytes) -> None:
+        """Take a chunk of bytes a rank wrote; write out every complete line in it."""
+        buf = self._partial.pop((rank, stream), b"") + data
+        cut = buf.rfind(b"\n")
+        if cut < 0:
+            if len(buf) > 65536:  # a huge line without newline: write it rather than hold it
+                self._emit(rank, stream, [buf.decode("utf-8", "replace")])
+            else:
+                self._partial[(rank, stream)] = buf
+            return
+        if cut + 1 < len(buf):
+            self._partial[(rank, stream)] = buf[cut + 1 :]
+        self._emit(rank, stream, buf[:cut].decode("utf-8", "replace").split("\n"))
+
+    def close(self, rank: int, stream: Stream) -> None:
+        """The stream ended: write its last line even without a newline."""
+        rest = self._partial.pop((rank, stream), b"")
+        if rest:
+            self._emit(rank, stream, [rest.decode("utf-8", "replace")])
+
+    def tail(self, rank: int) -> tuple[str, ...]:
+        """The last stderr lines of ``rank``."""
+        return tuple(self._tails.get(rank, ()))
+
+    def _emit(self, rank: int, stream: Stream, lines: list[str]) -> None:
+        if stream == "stderr":
+            self._tails[rank].extend(lines)
+        if self._shown is not None and rank not in self._shown:
+            return
+        prefix = self._prefix.format(rank=rank, host=self._hosts.get(rank, ""))
+        target = (self._err or sys.stderr) if stream == "stderr" else (self._out or sys.stdout)
+        target.write("".join(f"{prefix}{line}\n" for line in lines))
+        target.flush()

@@ -1,0 +1,73 @@
+"""What this machine offers: CPUs and GPUs. Read-only and lazy.
+
+GPU discovery avoids importing torch when there is plainly no NVIDIA driver, so planning a CPU
+run in a fresh process costs no torch import. With a driver present, ``torch.cuda.device_count()``
+is the authority (it does not create a CUDA context); ``CUDA_VISIBLE_DEVICES`` names the
+addresses the ranks will be given.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from sparktrain import env
+
+
+@dataclass(frozen=True)
+class Topology:
+    """The resources of one node.
+
+    Attributes:
+        cpus: CPUs this process may run on.
+        gpus: Addresses of the GPUs visible here (as ``CUDA_VISIBLE_DEVICES`` entries).
+        hostname: This host's name.
+    """
+
+    cpus: int
+    gpus: tuple[str, ...]
+    hostname: str
+
+
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def _nvidia_driver_present() -> bool:
+    return Path("/proc/driver/nvidia/gpus").is_dir() or Path("/dev/nvidiactl").exists()
+
+
+def _cuda_device_count() -> int:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return 0
+    return int(torch.cuda.device_count())
+
+
+def detect_gpus() -> tuple[str, ...]:
+    """Addresses of the GPUs this process can use; empty when there are none."""
+    visible = env.cuda_visible_devices()
+    if visible == ():
+        return ()
+    if not _nvidia_driver_present():
+        return ()
+    count = _cuda_device_count()
+    if visible is not None:
+        return visible[:count]
+    return tuple(str(i) for i in range(count))
+
+
+def detect_local(*, gpus: bool = True) -> Topology:
+    """The topology of this machine, as seen by this process.
+
+    Args:
+        gpus: Look for GPUs (``False`` skips the look, which may import torch).
+    """
+    found = detect_gpus() if gpus else ()
+    return Topology(cpus=_cpu_count(), gpus=found, hostname=socket.gethostname())

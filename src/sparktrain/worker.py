@@ -1,0 +1,220 @@
+"""Inside one rank: set the process up, run the entrypoint, leave the result or the failure.
+
+A rank starts as a fresh fork of the warm fork server (see :mod:`sparktrain.forkserver`), which
+has imported torch but never runs user code. The worker makes the process look like the
+caller's (working directory, ``sys.path``, environment), hosts the rendezvous store on rank 0
+from a socket the agent already bound, runs the function or script, and writes its return value
+or its exception with the traceback to the run's private directory. The exit code tells the
+agent which of the two to read.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import datetime
+import faulthandler
+import os
+import pickle
+import runpy
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+
+from sparktrain.entrypoint import ScriptEntry
+
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankRequest:
+    """What the agent sends the fork server to start one rank.
+
+    Attributes:
+        rank: Global rank.
+        env: The rank's whole environment.
+        cwd: The caller's working directory.
+        sys_path: The caller's ``sys.path``, so that its modules import in the rank.
+        run_dir: The run's private directory (payload in, results out).
+        script: The script to run, or ``None`` to run the pickled function in ``run_dir``.
+        threads: Intra-op threads to set, or ``None`` to leave torch's choice.
+        keep_value: Whether to write the return value back.
+        store_timeout: Seconds the rendezvous store waits for peers.
+    """
+
+    rank: int
+    env: dict[str, str]
+    cwd: str
+    sys_path: list[str]
+    run_dir: str
+    script: ScriptEntry | None
+    threads: int | None
+    keep_value: bool
+    store_timeout: float = 1800.0
+
+
+def payload_path(run_dir: str) -> Path:
+    """Where the pickled function and its arguments lie."""
+    return Path(run_dir) / "payload.pkl"
+
+
+def result_path(run_dir: str, rank: int) -> Path:
+    """Where ``rank`` leaves its return value."""
+    return Path(run_dir) / f"rank-{rank}.result"
+
+
+def error_path(run_dir: str, rank: int) -> Path:
+    """Where ``rank`` leaves its failure record."""
+    return Path(run_dir) / f"rank-{rank}.error"
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _die_with_parent() -> None:
+    """Have the kernel SIGKILL this rank if the fork server (its parent) dies."""
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        return
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _become_caller(req: RankRequest) -> None:
+    os.chdir(req.cwd)
+    os.environ.clear()
+    os.environ.update(req.env)
+    sys.path[:] = req.sys_path
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(line_buffering=True)
+    faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if req.threads is not None:
+        import torch
+
+        torch.set_num_threads(req.threads)
+
+
+def _host_store(req: RankRequest, listen_fd: int) -> Any:
+    """Start the run's TCPStore on the socket the agent bound (so the port is never raced)."""
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    listener = socket.socket(fileno=listen_fd)
+    return TCPStore(
+        req.env["MASTER_ADDR"],
+        int(req.env["MASTER_PORT"]),
+        int(req.env["WORLD_SIZE"]),
+        is_master=True,
+        timeout=datetime.timedelta(seconds=req.store_timeout),
+        wait_for_workers=False,
+        master_listen_fd=listener.detach(),
+    )
+
+
+def _unwrap(value: Any) -> Any:
+    """A DDP/FSDP wrapper cannot live outside its process group: return the inner module."""
+    if "torch.nn.parallel.distributed" in sys.modules:
+        from torch.nn.parallel import DistributedDataParallel
+
+        if isinstance(value, DistributedDataParallel):
+            return value.module
+    if "torch.distributed.fsdp" in sys.modules:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        if isinstance(value, FullyShardedDataParallel):
+            return value.module
+    return value
+
+
+def _run_entry(req: RankRequest) -> Any:
+    if req.script is not None:
+        sys.argv = [req.script.path, *req.script.args]
+        sys.path.insert(0, os.path.dirname(req.script.path))
+        runpy.run_path(req.script.path, run_name="__main__")
+        return None
+    fn, args, kwargs = cloudpickle.loads(payload_path(req.run_dir).read_bytes())
+    return fn(*args, **kwargs)
+
+
+def _record_failure(req: RankRequest, exc: BaseException, message: str | None = None) -> None:
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    record = {
+        "time": time.time(),
+        "exc_type": f"{type(exc).__module__}.{type(exc).__qualname__}".removeprefix("builtins."),
+        "message": message if message is not None else str(exc),
+        "traceback": tb,
+    }
+    _write_atomic(error_path(req.run_dir, req.rank), pickle.dumps(record))
+    if req.script is not None:  # a script's uncaught exception shows in its log, as in python
+        sys.stderr.write(tb)
+
+
+def _destroy_process_group() -> None:
+    if "torch.distributed" not in sys.modules:
+        return
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def exit_rank(code: int) -> None:
+    """End the rank the way Python would, minus the module teardown.
+
+    Joins the user's non-daemon threads and runs ``atexit`` handlers as a normal exit does, then
+    leaves with ``os._exit``: tearing down torch's modules at interpreter exit costs 0.5-1 s per
+    rank and does nothing useful.
+    """
+    try:
+        for thread in threading.enumerate():
+            if thread is not threading.main_thread() and not thread.daemon:
+                thread.join()
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+
+
+def run_rank(req: RankRequest, listen_fd: int | None) -> int:
+    """Run one rank to the end; return its exit code (0: value written, 1: failure written)."""
+    store = None
+    try:
+        _die_with_parent()
+        _become_caller(req)
+        if listen_fd is not None:
+            store = _host_store(req, listen_fd)
+        value = _run_entry(req)
+        if req.keep_value:
+            data = cloudpickle.dumps(_unwrap(value))
+            _write_atomic(result_path(req.run_dir, req.rank), data)
+        _destroy_process_group()
+    except SystemExit as exc:
+        if exc.code in (None, 0):
+            return 0
+        _record_failure(req, exc, f"exited with code {exc.code!r}")
+        return 1
+    except BaseException as exc:
+        _record_failure(req, exc)
+        return 1
+    finally:
+        del store
+    return 0

@@ -1,0 +1,44 @@
+"""``import sparktrain`` is cheap and imports no optional engine; the public surface is frozen."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import sparktrain
+
+HEAVY = ("torch", "pyspark", "ray", "mlflow", "deepspeed", "tensorflow", "cloudpickle")
+
+
+def test_import_pulls_in_nothing_heavy() -> None:
+    code = f"import sys, sparktrain; print([m for m in {HEAVY!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_public_names() -> None:
+    assert sorted(sparktrain.__all__) == [
+        "ConfigError",
+        "LaunchPlan",
+        "RankFailure",
+        "RunResult",
+        "TorchDistributor",
+        "TrainingFailedError",
+        "TrainingTimeoutError",
+        "__version__",
+        "launch",
+        "shutdown_warm",
+    ]
+    for name in sparktrain.__all__:
+        assert getattr(sparktrain, name) is not None
+    assert issubclass(sparktrain.TrainingFailedError, RuntimeError)
+    assert issubclass(sparktrain.ConfigError, ValueError)
+
+
+def test_unknown_attribute() -> None:
+    try:
+        sparktrain.TorchDistributer  # type: ignore[attr-defined]  # noqa: B018
+    except AttributeError as exc:
+        assert "TorchDistributer" in str(exc)
+    else:
+        raise AssertionError("expected AttributeError")

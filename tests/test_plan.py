@@ -1,0 +1,90 @@
+"""Pure planning: every bad input is refused before any process starts, with the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from sparktrain import ConfigError, TorchDistributor
+from sparktrain.env import RankEnv, rank_environ
+from sparktrain.layout import make_plan
+from sparktrain.topology import Topology
+
+CPU = Topology(cpus=2, gpus=(), hostname="h")
+TWO_GPUS = Topology(cpus=8, gpus=("3", "5"), hostname="h")
+
+
+@pytest.mark.parametrize("bad", [0, -1, "2", 2.0, True, None])
+def test_num_processes_must_be_positive_int(bad: object) -> None:
+    with pytest.raises(ConfigError, match=r"num_processes=.*(not an int|at least 1)"):
+        make_plan(bad, topology=CPU)
+
+
+def test_cpu_plan() -> None:
+    plan = make_plan(2, topology=CPU, use_gpu=None)
+    assert (plan.device, plan.dist_backend, plan.world_size, plan.gpus) == ("cpu", "gloo", 2, ())
+    assert plan.threads_per_rank == 1
+    assert plan.describe() == "2 ranks on 1 node, cpu (gloo)"
+
+
+def test_use_gpu_true_without_gpu() -> None:
+    with pytest.raises(ConfigError, match=r"use_gpu=True but no GPU .* use_gpu=False"):
+        make_plan(1, topology=CPU, use_gpu=True)
+
+
+def test_more_processes_than_gpus_is_an_error() -> None:
+    with pytest.raises(ConfigError, match=r"num_processes=3 but only 2 GPU\(s\) .*3, 5"):
+        make_plan(3, topology=TWO_GPUS, use_gpu=True)
+    with pytest.raises(ConfigError, match="num_processes=3"):
+        make_plan(3, topology=TWO_GPUS, use_gpu=None)
+
+
+def test_gpu_plan_takes_the_first_gpus() -> None:
+    plan = make_plan(1, topology=TWO_GPUS)
+    assert (plan.device, plan.dist_backend, plan.gpus) == ("cuda", "nccl", ("3",))
+    assert make_plan(2, topology=TWO_GPUS, use_gpu=False).device == "cpu"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "pattern"),
+    [
+        ({"use_gpu": "yes"}, r"use_gpu='yes' must be True, False, or None"),
+        ({"timeout": -1}, r"timeout=-1 must be a positive number"),
+        ({"timeout": "10"}, r"timeout='10'"),
+        ({"log_ranks": [5]}, r"log_ranks=\[5\] names \[5\], not ranks of this run \(0 to 1\)"),
+        ({"log_ranks": "0"}, r"log_ranks='0' must be a collection"),
+    ],
+)
+def test_bad_options(kwargs: dict[str, object], pattern: str) -> None:
+    with pytest.raises(ConfigError, match=pattern):
+        make_plan(2, topology=CPU, **kwargs)  # type: ignore[arg-type]
+
+
+def test_distributor_checks_before_starting() -> None:
+    with pytest.raises(ConfigError, match="num_processes=0"):
+        TorchDistributor(0, True, False)
+    with pytest.raises(ConfigError, match=r"local_mode=False .* local_mode=True"):
+        TorchDistributor(2, False, False)
+    with pytest.raises(ConfigError, match="use_gpu=True but no GPU"):
+        TorchDistributor(1, True, True)
+
+
+def test_rank_environment_contract() -> None:
+    rank_env = RankEnv(
+        rank=1,
+        local_rank=1,
+        world_size=2,
+        local_world_size=2,
+        node_rank=0,
+        nodes=1,
+        master_addr="127.0.0.1",
+        master_port=29400,
+        run_id="abc",
+        visible_devices=("3", "5"),
+        threads=4,
+    )
+    base = {"RANK": "7", "HOME": "/root", "OMP_NUM_THREADS": "2"}
+    env = rank_environ(base, rank_env)
+    assert env["RANK"] == "1" and env["WORLD_SIZE"] == "2" and env["LOCAL_RANK"] == "1"
+    assert env["MASTER_PORT"] == "29400" and env["CUDA_VISIBLE_DEVICES"] == "3,5"
+    assert env["HOME"] == "/root" and env["OMP_NUM_THREADS"] == "2"  # the user's choice stays
+    assert env["TORCHELASTIC_USE_AGENT_STORE"] == "True"

@@ -278,3 +278,50 @@ def test_every_rank_is_a_fresh_process() -> None:
 
     assert launch(mark, num_processes=1, use_gpu=False).value is True
     assert launch(mark, num_processes=1, use_gpu=False).value is True
+
+
+def _fsdp_model() -> torch.nn.Module:
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    dist.init_process_group("gloo")
+    return FSDP(torch.nn.Linear(4, 4), device_id=torch.device("cpu"))
+
+
+def test_fsdp_module_comes_back_unwrapped() -> None:
+    model = launch(_fsdp_model, num_processes=2, use_gpu=False).value
+    assert type(model) is torch.nn.Linear
+
+
+def _loader_with_workers(pid_dir: str) -> float:
+    from torch.utils.data import DataLoader, TensorDataset
+
+    def record(_: int) -> None:
+        Path(pid_dir, str(os.getpid())).touch()
+
+    loader = DataLoader(
+        TensorDataset(torch.arange(8.0)), batch_size=2, num_workers=2, worker_init_fn=record
+    )
+    return float(sum(batch[0].sum() for batch in loader))
+
+
+def test_data_loader_workers_inside_a_rank(tmp_path: Path) -> None:
+    assert launch(_loader_with_workers, (str(tmp_path),), num_processes=1).value == 28.0
+    workers = [int(p.name) for p in tmp_path.iterdir()]
+    assert len(workers) == 2
+    assert wait_gone(workers, within=5.0) == []
+
+
+class _BadStr(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no str for you")
+
+
+def _raise_bad_str() -> None:
+    raise _BadStr()
+
+
+def test_exception_without_printable_message() -> None:
+    with pytest.raises(TrainingFailedError, match=r"rank 0 on .*_BadStr") as info:
+        launch(_raise_bad_str, num_processes=1, use_gpu=False)
+    assert info.value.culprit is not None and "_raise_bad_str" in info.value.culprit.traceback

@@ -153,12 +153,25 @@ def _run_entry(req: RankRequest) -> Any:
     return fn(*args, **kwargs)
 
 
+def _describe(exc: BaseException) -> tuple[str, str]:
+    """The exception's message and traceback as text, even when its ``__str__`` fails."""
+    try:
+        message = str(exc)
+    except Exception as err:
+        message = f"<str() of the exception failed: {err!r}>"
+    try:
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    except Exception:
+        tb = "".join(traceback.format_tb(exc.__traceback__)) + f"{type(exc).__qualname__}\n"
+    return message, tb
+
+
 def _record_failure(req: RankRequest, exc: BaseException, message: str | None = None) -> None:
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    text, tb = _describe(exc)
     record = {
         "time": time.time(),
         "exc_type": f"{type(exc).__module__}.{type(exc).__qualname__}".removeprefix("builtins."),
-        "message": message if message is not None else str(exc),
+        "message": message if message is not None else text,
         "traceback": tb,
     }
     _write_atomic(error_path(req.run_dir, req.rank), pickle.dumps(record))

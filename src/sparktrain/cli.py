@@ -1,8 +1,8 @@
-"""The ``sparktrain`` command: ``sparktrain run --nproc N train.py -- ARGS``.
+"""The ``sparktrain`` command: ``sparktrain run --nproc N train.py -- ARGS``, ``sparktrain plan``.
 
-Parses the command line into the same typed values the library takes and calls ``launch``; the
-exit code is 0 on success, 1 when a rank failed (the error names it), 2 for bad input and 130
-after Ctrl-C.
+Parses the command line into the same typed values the library takes and calls ``launch`` (or
+the memory planner); the exit code is 0 on success, 1 when a rank failed (the error names it), 2
+for bad input and 130 after Ctrl-C.
 """
 
 from __future__ import annotations
@@ -58,7 +58,56 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("script", help="path of the Python script")
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    _add_plan_parser(commands)
     return parser
+
+
+def _add_plan_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from sparktrain.planner.bytemodel import OPTIMIZERS, PRECISIONS
+
+    plan = commands.add_parser(
+        "plan",
+        help="memory per GPU of DDP / ZeRO-1/2/3 / offload, and the strategy to use",
+        description="Estimate the memory per GPU of each data-parallel strategy for a model "
+        "and cluster (ZeRO paper formulas), and recommend one.",
+    )
+    model = plan.add_mutually_exclusive_group(required=True)
+    model.add_argument("--params", metavar="COUNT", help="parameter count, e.g. 13B or 350M")
+    model.add_argument(
+        "--hf-config", metavar="CONFIG_JSON", help="a Hugging Face config.json of the model"
+    )
+    plan.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node")
+    plan.add_argument("--nodes", type=int, default=1, help="number of nodes (default: 1)")
+    plan.add_argument("--gpu-memory", default=None, metavar="SIZE", help="one GPU's memory: 80GB")
+    plan.add_argument(
+        "--cpu-memory", default=None, metavar="SIZE", help="one node's CPU memory, for offload"
+    )
+    plan.add_argument("--precision", choices=PRECISIONS, default="bf16-mixed")
+    plan.add_argument("--optimizer", choices=OPTIMIZERS, default="adam")
+    plan.add_argument(
+        "--headroom", type=float, default=0.2, help="fraction of memory kept free (default 0.2)"
+    )
+    acts = plan.add_argument_group(
+        "activations (all optional; --seq-len and --batch-size go together)"
+    )
+    acts.add_argument("--seq-len", type=int, default=None, help="tokens per sequence")
+    acts.add_argument("--batch-size", type=int, default=None, help="micro-batch per GPU")
+    acts.add_argument("--hidden-size", type=int, default=None, help="the model's hidden size")
+    acts.add_argument("--layers", type=int, default=None, help="the model's layer count")
+    acts.add_argument("--heads", type=int, default=None, help="attention heads")
+    acts.add_argument("--vocab-size", type=int, default=None, help="vocabulary size (logits)")
+    acts.add_argument("--checkpointing", action="store_true", help="full activation checkpointing")
+    acts.add_argument(
+        "--attention-scores",
+        action="store_true",
+        help="attention stores the s x s scores (eager attention, not FlashAttention/SDPA)",
+    )
+    plan.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    plan.add_argument(
+        "--advise-cluster",
+        action="store_true",
+        help="also advise the GPU kind and single node vs multi-node",
+    )
 
 
 def _log_ranks(text: str | None) -> list[int] | None:
@@ -73,6 +122,13 @@ def _log_ranks(text: str | None) -> list[int] | None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the process exit code."""
     options = _parser().parse_args(argv)
+    if options.command == "plan":
+        try:
+            print(_plan(options))
+        except ConfigError as exc:
+            print(f"sparktrain: error: {exc}", file=sys.stderr)
+            return 2
+        return 0
     script_args = list(options.args)
     if script_args[:1] == ["--"]:
         script_args = script_args[1:]
@@ -97,6 +153,95 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("sparktrain: interrupted; every rank was stopped", file=sys.stderr)
         return 130
     return 0
+
+
+def _plan(options: argparse.Namespace) -> str:
+    """Run the planner on the parsed options; the text (or JSON) to print."""
+    import json
+
+    from sparktrain.planner import Activations, advise_cluster, plan
+    from sparktrain.planner.units import parse_bytes, parse_count
+
+    model: object = None
+    if options.params is not None:
+        model = parse_count(options.params, name="--params")
+    else:
+        model = _read_config(options.hf_config)
+    activation = None
+    if (options.seq_len is None) != (options.batch_size is None):
+        raise ConfigError(
+            f"--seq-len={options.seq_len} --batch-size={options.batch_size}: activations need "
+            "both; pass both, or neither to leave activations out."
+        )
+    if options.seq_len is not None:
+        activation = Activations(
+            seq_len=options.seq_len,
+            batch_size=options.batch_size,
+            hidden_size=options.hidden_size,
+            num_layers=options.layers,
+            num_heads=options.heads,
+            vocab_size=options.vocab_size,
+            checkpointing=options.checkpointing,
+            attention_scores=options.attention_scores,
+        )
+    shown: list[str] = []
+    data: dict[str, object] = {}
+    if options.gpus_per_node is not None or options.gpu_memory is not None:
+        if options.gpus_per_node is None or options.gpu_memory is None:
+            raise ConfigError(
+                f"--gpus-per-node={options.gpus_per_node} --gpu-memory={options.gpu_memory}: a "
+                "plan needs both, e.g. --gpus-per-node 4 --gpu-memory 80GB."
+            )
+        result = plan(
+            model,
+            gpus_per_node=options.gpus_per_node,
+            nodes=options.nodes,
+            gpu_memory=parse_bytes(options.gpu_memory, name="--gpu-memory"),
+            precision=options.precision,
+            optimizer=options.optimizer,
+            cpu_memory=None
+            if options.cpu_memory is None
+            else parse_bytes(options.cpu_memory, name="--cpu-memory"),
+            activation=activation,
+            headroom=options.headroom,
+        )
+        shown.append(str(result))
+        data.update(result.to_dict())
+    elif not options.advise_cluster:
+        raise ConfigError(
+            "a plan needs the cluster: pass --gpus-per-node N and --gpu-memory SIZE (e.g. 80GB), "
+            "or --advise-cluster to be told which GPUs and how many."
+        )
+    if options.advise_cluster:
+        from sparktrain.planner.render import advice_to_dict
+
+        advice = advise_cluster(
+            model,
+            precision=options.precision,
+            optimizer=options.optimizer,
+            activation=activation,
+            headroom=options.headroom,
+            gpus_per_node=options.gpus_per_node or 8,
+        )
+        shown.append(str(advice))
+        data["cluster_advice"] = advice_to_dict(advice)
+    return json.dumps(data, indent=2) if options.json else "\n\n".join(shown)
+
+
+def _read_config(path: str) -> dict[str, object]:
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as file:
+            config = json.load(file)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"--hf-config={path!r} could not be read as JSON ({exc}); pass the path of a "
+            "Hugging Face config.json."
+        ) from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"--hf-config={path!r} holds no JSON object; pass a config.json.")
+    return config
 
 
 if __name__ == "__main__":  # pragma: no cover

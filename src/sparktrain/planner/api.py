@@ -1,0 +1,244 @@
+"""``plan()``: the memory each strategy needs per GPU, and the one to use. A pure value.
+
+Design choices:
+- ``plan()`` has no side effects: it starts nothing, allocates no parameters and prints nothing.
+  The :class:`MemoryPlan` it returns prints as a table (``str(plan)``) and converts to JSON-ready
+  data (``plan.to_dict()``); ``plan.recommended`` is a strategy name for programs.
+- Every input is checked once, here, and a bad one raises :class:`~sparktrain.ConfigError`
+  naming the value and the fix.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from sparktrain.errors import ConfigError
+from sparktrain.planner.activations import ActivationEstimate, Activations, estimate_activations
+from sparktrain.planner.bytemodel import ByteModel, Optimizer, Precision, byte_model
+from sparktrain.planner.model import ModelSize, model_size
+from sparktrain.planner.recommend import StrategyEstimate, assess, recommend
+from sparktrain.planner.strategies import (
+    STRATEGIES,
+    Strategy,
+    check_strategy,
+    formula,
+    strategy_memory,
+)
+from sparktrain.planner.units import format_bytes, format_count, parse_bytes
+
+DEFAULT_HEADROOM = 0.2
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryPlan:
+    """Memory per GPU of every strategy for one model on one cluster, and the recommendation.
+
+    Attributes:
+        model: The model's size (and shape, when known).
+        bytes_model: Bytes per parameter for the precision and optimizer.
+        gpus_per_node: GPUs on each node.
+        nodes: Nodes.
+        gpu_memory: Bytes of memory of one GPU.
+        cpu_memory: Bytes of CPU memory of one node, or ``None`` when not given.
+        headroom: Fraction of each memory kept free for what the model does not count.
+        activations: The activation estimate, or ``None`` when it was not asked for.
+        estimates: One estimate per strategy, in order of preference.
+        recommended: The strategy to use, or ``None`` when nothing fits.
+        reasons: Why, in plain sentences.
+        assumptions: What the numbers assume, to print with them.
+    """
+
+    model: ModelSize
+    bytes_model: ByteModel
+    gpus_per_node: int
+    nodes: int
+    gpu_memory: int
+    cpu_memory: int | None
+    headroom: float
+    activations: ActivationEstimate | None
+    estimates: tuple[StrategyEstimate, ...]
+    recommended: Strategy | None
+    reasons: tuple[str, ...]
+    assumptions: tuple[str, ...]
+
+    @property
+    def world_size(self) -> int:
+        """``N``: GPUs in all, each a data-parallel rank."""
+        return self.gpus_per_node * self.nodes
+
+    def estimate(self, strategy: str) -> StrategyEstimate:
+        """The estimate of one strategy, by name (``"ddp"``, ``"zero3"``, ...).
+
+        Raises:
+            ConfigError: Not a strategy; the message lists them.
+        """
+        name = check_strategy(strategy)
+        return next(e for e in self.estimates if e.strategy == name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready data: every number in bytes."""
+        from sparktrain.planner.render import plan_to_dict
+
+        return plan_to_dict(self)
+
+    def __str__(self) -> str:
+        from sparktrain.planner.render import render_plan
+
+        return render_plan(self)
+
+
+def plan(
+    model_or_param_count: object,
+    *,
+    gpus_per_node: int,
+    nodes: int = 1,
+    gpu_memory: int | float | str,
+    precision: Precision = "bf16-mixed",
+    optimizer: Optimizer = "adam",
+    cpu_memory: int | float | str | None = None,
+    activation: Activations | None = None,
+    headroom: float = DEFAULT_HEADROOM,
+) -> MemoryPlan:
+    """Work out the memory per GPU of DDP, ZeRO-1/2/3 and the offload variants; recommend one.
+
+    Args:
+        model_or_param_count: ``"13B"``, ``13_000_000_000``, an ``nn.Module`` (e.g. built under
+            ``torch.device("meta")``), a callable that builds one (called on the meta device),
+            or a Hugging Face config (object or ``config.json`` dict) of a dense decoder-only
+            transformer.
+        gpus_per_node: GPUs per node.
+        nodes: Nodes; ``N = gpus_per_node * nodes`` data-parallel ranks.
+        gpu_memory: One GPU's memory: ``"80GB"`` (10^9 bytes), ``"80GiB"`` or bytes.
+        precision: ``"bf16-mixed"``, ``"fp16-mixed"`` (2 + 2 + fp32 master and states) or
+            ``"fp32"`` (4 + 4 + states, no master copy).
+        optimizer: ``"adam"``/``"adamw"`` (2 states), ``"sgd-momentum"`` (1) or ``"sgd"`` (0).
+        cpu_memory: One node's CPU memory, to check the offload variants; ``None`` to skip that
+            check (the CPU memory they need is still reported).
+        activation: The run's sequence length and micro-batch (and the model's shape when the
+            model does not give it) to estimate activations; ``None`` leaves them out.
+        headroom: Fraction of each memory kept free for the CUDA context, fragmentation,
+            communication buffers and, when not estimated, activations.
+
+    Returns:
+        A :class:`MemoryPlan`; ``str()`` of it is a table with the recommendation.
+
+    Raises:
+        ConfigError: A bad value; the message names it and says what to pass.
+    """
+    size = model_size(model_or_param_count)
+    bytes_model = byte_model(precision, optimizer)
+    gpus_per_node = _check_count("gpus_per_node", gpus_per_node)
+    nodes = _check_count("nodes", nodes)
+    gpu_bytes = parse_bytes(gpu_memory, name="gpu_memory")
+    cpu_bytes = None if cpu_memory is None else parse_bytes(cpu_memory, name="cpu_memory")
+    headroom = _check_headroom(headroom)
+    if activation is not None and not isinstance(activation, Activations):
+        raise ConfigError(
+            f"activation={activation!r} must be an Activations(seq_len=..., batch_size=...) or "
+            "None."
+        )
+    acts = None if activation is None else estimate_activations(activation, size, precision)
+    estimates = tuple(
+        assess(
+            strategy_memory(
+                strategy,
+                size=size,
+                bytes_model=bytes_model,
+                gpus_per_node=gpus_per_node,
+                nodes=nodes,
+                activations=acts.bytes if acts else 0,
+            ),
+            gpu_memory=gpu_bytes,
+            cpu_memory=cpu_bytes,
+            headroom=headroom,
+        )
+        for strategy in STRATEGIES
+    )
+    recommended, reasons = recommend(
+        estimates, gpu_memory=gpu_bytes, cpu_memory=cpu_bytes, headroom=headroom
+    )
+    return MemoryPlan(
+        model=size,
+        bytes_model=bytes_model,
+        gpus_per_node=gpus_per_node,
+        nodes=nodes,
+        gpu_memory=gpu_bytes,
+        cpu_memory=cpu_bytes,
+        headroom=headroom,
+        activations=acts,
+        estimates=estimates,
+        recommended=recommended,
+        reasons=reasons,
+        assumptions=_assumptions(size, bytes_model, gpus_per_node * nodes, acts, headroom),
+    )
+
+
+def _check_count(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name}={value!r} must be a positive int, e.g. {name}=4.")
+    return value
+
+
+def _check_headroom(value: object) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or not 0 <= value < 1
+    ):
+        raise ConfigError(
+            f"headroom={value!r} must be a fraction from 0 to below 1, e.g. headroom=0.2 to keep "
+            "20 % of each GPU free."
+        )
+    return float(value)
+
+
+def _assumptions(
+    size: ModelSize,
+    bytes_model: ByteModel,
+    world_size: int,
+    acts: ActivationEstimate | None,
+    headroom: float,
+) -> tuple[str, ...]:
+    lines = [f"model: {size.source}"]
+    if size.trainable_params != size.params:
+        lines.append(
+            f"trainable: {format_count(size.trainable_params)} of {format_count(size.params)} "
+            "parameters; gradients and optimizer states count only those"
+        )
+    lines.append(
+        f"bytes per parameter ({bytes_model.precision}, {bytes_model.optimizer}): "
+        f"{bytes_model.describe()}"
+    )
+    gpu_only = ", ".join(f"{s} {formula(s, bytes_model)}" for s in STRATEGIES[:4])
+    offload = "; ".join(f"{s} {formula(s, bytes_model)}" for s in STRATEGIES[4:])
+    lines.append(
+        f"per GPU, Psi = {format_count(size.params)} parameters, N = {world_size} GPUs (ZeRO "
+        f"paper, Rajbhandari et al. 2020, section 5): {gpu_only}"
+    )
+    lines.append(f"offload (DeepSpeed ZeRO-Offload estimators): {offload}")
+    if size.largest_layer_params:
+        p_g = bytes_model.param_bytes + bytes_model.grad_bytes
+        largest = size.largest_layer_params
+        lines.append(
+            f"ZeRO-3 gathers one module at a time: {p_g} bytes x {format_count(largest)} "
+            f"parameters of the largest = {format_bytes(p_g * largest)}"
+        )
+    else:
+        lines.append("ZeRO-3's gathered module is not counted (a bare count gives no modules)")
+    if acts is None:
+        lines.append(
+            "activations are not counted (pass activation=Activations(seq_len=..., "
+            "batch_size=...)); the headroom has to hold them"
+        )
+    else:
+        lines.append(acts.formula)
+    lines.append(
+        f"headroom: {headroom:.0%} of each GPU's (and node's CPU) memory kept free for the CUDA "
+        "context, allocator fragmentation and communication buckets (DDP's can add up to "
+        "another g Psi unless gradient_as_bucket_view=True)"
+    )
+    lines.append("GB = 10^9 bytes, as in the ZeRO paper (a GPU sold as 80 GB has about 85e9)")
+    return tuple(lines)

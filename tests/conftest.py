@@ -44,17 +44,43 @@ def descendants(pid: int) -> set[int]:
         return set()
 
 
+_LONG_LIVED = ("java", "pyspark.daemon", "pyspark.worker", "sparktrain.forkserver")
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return int(stat.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _leaked(pid: int) -> bool:
+    """A rank (a child of a fork server), or a process that nothing of ours keeps on purpose.
+
+    Spark's JVMs, its reused Python workers and idle fork servers live on by design.
+    """
+    if "sparktrain.forkserver" in _cmdline(_parent(pid)):
+        return True
+    return not any(name in _cmdline(pid) for name in _LONG_LIVED)
+
+
 @pytest.fixture(autouse=True)
 def no_leaked_ranks() -> Iterator[None]:
-    """Fail a test that leaves any process of ours alive, except the warm fork servers."""
-    from sparktrain import warm
-
+    """Fail a test that leaves a rank, or any unexpected process, alive."""
+    before = descendants(os.getpid())
     yield
-    servers = {s.process.pid for s in warm._idle}
-    leaked = [p for p in descendants(os.getpid()) - servers if alive(p)]
-    leaked = [p for p in leaked if p not in servers and os.getppid() != p]
-    still = wait_gone(leaked, within=5.0)
-    assert not still, f"processes left running after the test: {still}"
+    new = descendants(os.getpid()) - before
+    still = wait_gone([p for p in new if alive(p) and _leaked(p)], within=5.0)
+    assert not still, f"processes left running after the test: {[_cmdline(p) for p in still]}"
 
 
 @pytest.fixture
@@ -67,3 +93,50 @@ def examples_on_path(monkeypatch: pytest.MonkeyPatch) -> Path:
 def python() -> str:
     """The interpreter running the tests (the ranks' too)."""
     return sys.executable
+
+
+GPU_DISCOVERY = '#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0", "1"]}\'\n'
+FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """One real Spark for the whole run: ``local-cluster[2,1,1024]`` (two executor JVMs) on
+    loopback, each executor with two fake GPUs from a discovery script, one GPU per task."""
+    pytest.importorskip("pyspark")
+    from pyspark.sql import SparkSession
+
+    script = tmp_path_factory.mktemp("spark") / "gpus.sh"
+    script.write_text(GPU_DISCOVERY)
+    script.chmod(0o755)
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    session = (
+        SparkSession.builder.master("local-cluster[2,1,1024]")
+        .appName("sparktrain-tests")
+        .config("spark.executor.memory", "512m")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.extraJavaOptions", FAST_JVM)
+        .config("spark.executor.extraJavaOptions", FAST_JVM)
+        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
+        .config("spark.worker.resource.gpu.amount", "2")
+        .config("spark.worker.resource.gpu.discoveryScript", str(script))
+        .config("spark.executor.resource.gpu.amount", "2")
+        .config("spark.executor.resource.gpu.discoveryScript", str(script))
+        .config("spark.task.resource.gpu.amount", "1")
+        .config("spark.scheduler.barrier.maxConcurrentTasksCheck.interval", "1s")
+        .config("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures", "2")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    status = session.sparkContext._jsc.sc().getExecutorMemoryStatus()
+    deadline = time.monotonic() + 60
+    while status.size() < 3 and time.monotonic() < deadline:  # the driver and both executors
+        time.sleep(0.2)
+        status = session.sparkContext._jsc.sc().getExecutorMemoryStatus()
+    try:
+        yield session
+    finally:
+        session.stop()

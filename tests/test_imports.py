@@ -27,6 +27,7 @@ def test_public_names() -> None:
         "TrainingTimeoutError",
         "__version__",
         "launch",
+        "plan",
         "shutdown_warm",
     ]
     for name in sparktrain.__all__:

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from sparktrain.compat.torch_distributor import TorchDistributor
     from sparktrain.launcher import launch
     from sparktrain.layout import LaunchPlan
+    from sparktrain.planner import plan
     from sparktrain.results import RunResult
     from sparktrain.warm import shutdown as shutdown_warm
 
@@ -34,6 +35,7 @@ __all__ = [
     "TrainingTimeoutError",
     "__version__",
     "launch",
+    "plan",
     "shutdown_warm",
 ]
 
@@ -42,6 +44,7 @@ _LAZY = {
     "launch": ("sparktrain.launcher", "launch"),
     "LaunchPlan": ("sparktrain.layout", "LaunchPlan"),
     "RunResult": ("sparktrain.results", "RunResult"),
+    "plan": ("sparktrain.planner", "plan"),
     "shutdown_warm": ("sparktrain.warm", "shutdown"),
 }
 

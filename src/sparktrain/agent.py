@@ -15,8 +15,9 @@ import selectors
 import signal
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from sparktrain.logs import LogSink, Stream
 from sparktrain.warm import ForkServer
@@ -43,6 +44,18 @@ class RankExit:
     stopped: bool
 
 
+class Control(Protocol):
+    """A channel from whoever coordinates several nodes: it can tell this node to stop."""
+
+    def fileno(self) -> int:
+        """Descriptor to wait on."""
+        ...
+
+    def stop_requested(self) -> bool:
+        """Read what arrived; ``True`` if it asks the node to stop (or the channel closed)."""
+        ...
+
+
 @dataclass
 class NodeOutcome:
     """What happened to a node's ranks."""
@@ -65,6 +78,8 @@ class NodeAgent:
         listen: socket.socket | None = None,
         timeout: float | None = None,
         grace: float = 3.0,
+        control: Control | None = None,
+        on_exit: Callable[[RankExit], None] | None = None,
     ) -> None:
         """Prepare to run ``requests`` (one per rank) on ``server``.
 
@@ -75,6 +90,8 @@ class NodeAgent:
             listen: The bound socket on which rank 0 hosts the rendezvous store.
             timeout: Seconds before the ranks are stopped, or ``None``.
             grace: Seconds between SIGTERM and SIGKILL.
+            control: Tells this node to stop when another node failed (multi-node backends).
+            on_exit: Called with each rank's exit as soon as it is seen.
         """
         self.server = server
         self.requests = list(requests)
@@ -82,6 +99,8 @@ class NodeAgent:
         self.listen = listen
         self.timeout = timeout
         self.grace = grace
+        self.control = control
+        self.on_exit = on_exit
         self.outcome = NodeOutcome()
         self._pids: dict[int, int] = {}
         self._ranks: dict[int, int] = {}
@@ -116,6 +135,8 @@ class NodeAgent:
 
     def _start(self) -> None:
         self._selector.register(self.server.fileno(), selectors.EVENT_READ, None)
+        if self.control is not None:
+            self._selector.register(self.control.fileno(), selectors.EVENT_READ, "control")
         for request in self.requests:
             out_r, out_w = os.pipe()
             err_r, err_w = os.pipe()
@@ -134,7 +155,7 @@ class NodeAgent:
             self.listen.close()
 
     def _pipes_open(self) -> bool:
-        return len(self._selector.get_map()) > 1
+        return any(isinstance(key.data, tuple) for key in self._selector.get_map().values())
 
     def _loop(self) -> None:
         started = time.monotonic()
@@ -152,6 +173,8 @@ class NodeAgent:
             for key, _ in self._selector.select(wait):
                 if key.data is None:
                     self._on_event()
+                elif key.data == "control":
+                    self._on_control(key.fd)
                 else:
                     self._on_output(key.fd, *key.data)
             self._check_clocks(started)
@@ -183,6 +206,12 @@ class NodeAgent:
         os.close(fd)
         self.sink.close(rank, stream)
 
+    def _on_control(self, fd: int) -> None:
+        assert self.control is not None
+        if self.control.stop_requested():
+            self._selector.unregister(fd)  # nothing more to hear; stop once
+            self.stop()
+
     def _on_event(self) -> None:
         event = self.server.receive()
         if event["ev"] == "spawned":
@@ -194,13 +223,16 @@ class NodeAgent:
         elif event["ev"] == "exited":
             rank = self._ranks[event["pid"]]
             code = os.waitstatus_to_exitcode(event["status"])
-            self.outcome.exits[rank] = RankExit(rank, code, event["time"], rank in self._signalled)
+            ended = RankExit(rank, code, event["time"], rank in self._signalled)
+            self.outcome.exits[rank] = ended
+            if self.on_exit is not None:
+                self.on_exit(ended)
             if code != 0:
                 self.stop()
 
     def _close(self) -> None:
         for key in list(self._selector.get_map().values()):
-            if key.data is not None:
+            if isinstance(key.data, tuple):
                 with contextlib.suppress(OSError):
                     os.close(key.fd)
         self._selector.close()

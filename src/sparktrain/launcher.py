@@ -8,11 +8,12 @@ or raises one :class:`TrainingFailedError` naming the rank that failed first.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from sparktrain.backends.local import run_local
 from sparktrain.entrypoint import make_entrypoint
-from sparktrain.layout import make_plan
+from sparktrain.errors import ConfigError
+from sparktrain.layout import make_cluster_plan, make_plan
 from sparktrain.results import RunResult
 from sparktrain.topology import Topology, detect_local
 
@@ -28,6 +29,8 @@ def launch(
     log_ranks: Collection[int] | None = None,
     return_all: bool = False,
     topology: Topology | None = None,
+    backend: Literal["local", "spark"] = "local",
+    dataframe: Any = None,
 ) -> RunResult:
     """Run ``main`` on ``num_processes`` ranks on this machine and wait for them.
 
@@ -44,6 +47,10 @@ def launch(
         log_ranks: Ranks whose output is shown (``None``: all). Lines are prefixed ``[rank N]``.
         return_all: Bring back every rank's return value, not only rank 0's.
         topology: The machine's resources; detected when ``None`` (tests pass their own).
+        backend: ``"local"`` (this machine) or ``"spark"`` (barrier tasks of the active
+            SparkSession, classic or Connect; one rank per task, or one per GPU of a task).
+        dataframe: A Spark DataFrame whose rows are shared among the ranks (see
+            :mod:`sparktrain.data`).
 
     Returns:
         A :class:`RunResult`; ``.value`` is rank 0's return value.
@@ -53,6 +60,21 @@ def launch(
         TrainingFailedError: A rank failed; names it, its traceback and the stopped ranks.
     """
     entry = make_entrypoint(main, args, kwargs)
+    if backend == "spark":
+        from sparktrain.backends import spark
+
+        session = spark.active_session()
+        plan = make_cluster_plan(
+            num_processes,
+            facts=spark.cluster_facts(session, num_processes),
+            use_gpu=use_gpu,
+            timeout=timeout,
+            log_ranks=log_ranks,
+            return_all=return_all,
+        )
+        return spark.run_spark(plan, entry, session, dataframe=dataframe)
+    if backend != "local":
+        raise ConfigError(f"backend={backend!r} is not one of: local, spark")
     if topology is None:
         topology = detect_local(gpus=use_gpu is not False)
     plan = make_plan(
@@ -63,4 +85,9 @@ def launch(
         log_ranks=log_ranks,
         return_all=return_all,
     )
+    if dataframe is not None:
+        from sparktrain.backends.local_data import local_shares
+
+        with local_shares(dataframe, plan.world_size) as paths:
+            return run_local(plan, entry, data_paths=paths)
     return run_local(plan, entry)

@@ -125,6 +125,78 @@ def _resolve_device(use_gpu: object, world_size: int, topology: Topology) -> Dev
     return "cuda"
 
 
+@dataclass(frozen=True, kw_only=True)
+class ClusterFacts:
+    """What a cluster offers, read before submitting (see :mod:`sparktrain.backends.spark`).
+
+    Attributes:
+        task_gpus: ``spark.task.resource.gpu.amount`` (0 when unset).
+        task_cpus: ``spark.task.cpus``.
+        slots: Tasks the cluster can run at once, or ``None`` when it cannot be asked
+            (Spark Connect).
+    """
+
+    task_gpus: int
+    task_cpus: int
+    slots: int | None
+
+
+def make_cluster_plan(
+    num_processes: object,
+    *,
+    facts: ClusterFacts,
+    use_gpu: object = None,
+    timeout: object = None,
+    log_ranks: Collection[int] | None = None,
+    return_all: bool = False,
+) -> LaunchPlan:
+    """Lay out a run over cluster tasks: one rank per task on CPU, one per GPU of a task on GPU.
+
+    Raises:
+        ConfigError: Bad values, GPUs asked for but not configured, ``num_processes`` not a
+            multiple of the GPUs per task, or more tasks than the cluster can run at once.
+    """
+    world_size = _check_count("num_processes", num_processes)
+    if use_gpu is not None and not isinstance(use_gpu, bool):
+        raise ConfigError(f"use_gpu={use_gpu!r} must be True, False, or None.")
+    device: Device = "cuda" if use_gpu or (use_gpu is None and facts.task_gpus > 0) else "cpu"
+    per_task = 1
+    if device == "cuda":
+        if facts.task_gpus < 1:
+            raise ConfigError(
+                "use_gpu=True but spark.task.resource.gpu.amount is unset, so Spark gives tasks "
+                "no GPU; create the session with spark.task.resource.gpu.amount=1 (and "
+                "spark.executor.resource.gpu.amount), or pass use_gpu=False."
+            )
+        per_task = facts.task_gpus
+        if world_size % per_task:
+            raise ConfigError(
+                f"num_processes={world_size} is not a multiple of spark.task.resource.gpu.amount"
+                f"={per_task}: each task runs one rank per GPU it gets. Pass a multiple of "
+                f"{per_task}."
+            )
+    tasks = world_size // per_task
+    if facts.slots is not None and tasks > facts.slots:
+        gpu_note = f" ({per_task} GPU(s) each)" if device == "cuda" else ""
+        raise ConfigError(
+            f"num_processes={world_size} needs {tasks} barrier tasks{gpu_note} running at once, "
+            f"but the cluster has {facts.slots} task slot(s) now; a barrier stage would wait or "
+            "fail. Lower num_processes, or add executors/cores (or GPUs)."
+        )
+    return LaunchPlan(
+        world_size=world_size,
+        nodes=tasks,
+        procs_per_node=per_task,
+        device=device,
+        dist_backend="nccl" if device == "cuda" else "gloo",
+        gpus=(),
+        threads_per_rank=max(1, facts.task_cpus // per_task),
+        timeout=_check_timeout(timeout),
+        log_ranks=_check_log_ranks(log_ranks, world_size),
+        return_all=bool(return_all),
+    )
+
+
 def make_plan(
     num_processes: object,
     *,

@@ -80,6 +80,10 @@ class LogSink:
             self._tails[rank].extend(lines)
         if self._shown is not None and rank not in self._shown:
             return
+        self.write(rank, stream, lines)
+
+    def write(self, rank: int, stream: Stream, lines: list[str]) -> None:
+        """Write whole lines of ``rank`` to the caller, prefixed (no filter, no tail)."""
         prefix = self._prefix.format(rank=rank, host=self._hosts.get(rank, ""))
         target = (self._err or sys.stderr) if stream == "stderr" else (self._out or sys.stdout)
         target.write("".join(f"{prefix}{line}\n" for line in lines))

@@ -10,14 +10,14 @@ from __future__ import annotations
 import pickle
 import re
 import signal
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import cloudpickle
 
 from sparktrain.agent import NodeOutcome
-from sparktrain.errors import RankFailure, TrainingFailedError, TrainingTimeoutError
+from sparktrain.errors import ConfigError, RankFailure, TrainingFailedError, TrainingTimeoutError
 from sparktrain.worker import error_path, result_path
 
 _SECONDARY = re.compile(
@@ -36,11 +36,13 @@ class RunResult:
         return_values: Return values by rank: rank 0's, or every rank's with ``return_all=True``.
         world_size: Number of ranks that ran.
         duration: Seconds from the launch call to the last rank's exit.
+        nodes: Each node's report (host, ranks, GPUs), in node order.
     """
 
     return_values: Mapping[int, Any]
     world_size: int
     duration: float
+    nodes: tuple[NodeReport, ...] = ()
 
     @property
     def value(self) -> Any:
@@ -107,40 +109,91 @@ def _read_record(run_dir: str, rank: int) -> dict[str, Any] | None:
     return record
 
 
-def collect(
+@dataclass(frozen=True)
+class NodeReport:
+    """How one node's ranks ended, in a form that travels (from a Spark task to the driver).
+
+    Attributes:
+        node_rank: The node.
+        host: Its host.
+        ranks: The global ranks it ran.
+        failures: Ranks that failed on their own (not stopped by us), by rank.
+        stopped: Ranks stopped because of a failure elsewhere, a timeout or Ctrl-C.
+        values: Pickled return values of the ranks asked for, by rank.
+        running_at_timeout: Ranks still running when the timeout passed.
+        gpus: GPU addresses the node's ranks owned.
+        setup_errors: Why the node's ranks were not started (bad GPU addresses, ...), as told
+            by every node, so that all nodes agree.
+    """
+
+    node_rank: int
+    host: str
+    ranks: tuple[int, ...]
+    failures: Mapping[int, RankFailure]
+    stopped: tuple[int, ...]
+    values: Mapping[int, bytes]
+    running_at_timeout: tuple[int, ...] = ()
+    gpus: tuple[str, ...] = ()
+    setup_errors: tuple[str, ...] = ()
+
+
+def node_report(
     outcome: NodeOutcome,
     run_dir: str,
     *,
-    world_size: int,
+    node_rank: int,
     host: str,
     tails: Mapping[int, tuple[str, ...]],
-    timeout: float | None,
-    duration: float,
     keep: tuple[int, ...],
-) -> RunResult:
-    """Turn a node's outcome into the caller's result, or raise the run's one error."""
+    gpus: tuple[str, ...] = (),
+) -> NodeReport:
+    """Read a node's failure records and return values after its agent finished."""
     failures: dict[int, RankFailure] = {}
+    stopped: list[int] = []
     for rank, ended in outcome.exits.items():
         if ended.exit_code == 0:
             continue
         record = _read_record(run_dir, rank)
         if ended.stopped and (record is None or record["time"] >= (outcome.stop_time or 0.0)):
-            continue  # stopped by us, not a failure of its own
+            stopped.append(rank)  # stopped by us, not a failure of its own
+            continue
         failures[rank] = rank_failure(
             rank, host, ended.exit_code, ended.time, record=record, tail=tails.get(rank, ())
         )
-    if failures:
-        culprit = culprit_of(failures)
-        victims = tuple(
-            sorted(r for r, e in outcome.exits.items() if e.exit_code != 0 and r != culprit.rank)
-        )
-        raise TrainingFailedError(culprit, victims, failures)
-    if outcome.timed_out:
-        done = tuple(sorted(set(range(world_size)) - set(outcome.running_at_timeout)))
-        raise TrainingTimeoutError(timeout or 0.0, outcome.running_at_timeout, done)
     values = {}
     for rank in keep:
         path = result_path(run_dir, rank)
         if path.exists():
-            values[rank] = cloudpickle.loads(path.read_bytes())
-    return RunResult(return_values=values, world_size=world_size, duration=duration)
+            values[rank] = path.read_bytes()
+    return NodeReport(
+        node_rank=node_rank,
+        host=host,
+        ranks=tuple(sorted(outcome.exits)),
+        failures=failures,
+        stopped=tuple(sorted(stopped)),
+        values=values,
+        running_at_timeout=outcome.running_at_timeout,
+        gpus=gpus,
+    )
+
+
+def finish(
+    reports: Sequence[NodeReport], *, world_size: int, timeout: float | None, duration: float
+) -> RunResult:
+    """Merge every node's report into the caller's result, or raise the run's one error."""
+    setup = sorted({e for report in reports for e in report.setup_errors})
+    if setup:
+        raise ConfigError("the ranks were not started: " + "; ".join(setup))
+    failures = {r: f for report in reports for r, f in report.failures.items()}
+    if failures:
+        culprit = culprit_of(failures)
+        victims = {r for report in reports for r in report.stopped} | set(failures)
+        victims.discard(culprit.rank)
+        raise TrainingFailedError(culprit, tuple(sorted(victims)), failures)
+    running = tuple(sorted(r for report in reports for r in report.running_at_timeout))
+    if running:
+        done = tuple(sorted(set(range(world_size)) - set(running)))
+        raise TrainingTimeoutError(timeout or 0.0, running, done)
+    values = {r: cloudpickle.loads(v) for report in reports for r, v in report.values.items()}
+    nodes = tuple(sorted(reports, key=lambda report: report.node_rank))
+    return RunResult(return_values=values, world_size=world_size, duration=duration, nodes=nodes)

@@ -49,6 +49,7 @@ class RankRequest:
         threads: Intra-op threads to set, or ``None`` to leave torch's choice.
         keep_value: Whether to write the return value back.
         store_timeout: Seconds the rendezvous store waits for peers.
+        data_path: The rank's share of a DataFrame (Arrow IPC file), or ``None``.
     """
 
     rank: int
@@ -60,6 +61,7 @@ class RankRequest:
     threads: int | None
     keep_value: bool
     store_timeout: float = 1800.0
+    data_path: str | None = None
 
 
 def payload_path(run_dir: str) -> Path:
@@ -213,6 +215,10 @@ def run_rank(req: RankRequest, listen_fd: int | None) -> int:
     try:
         _die_with_parent()
         _become_caller(req)
+        if req.data_path is not None:
+            from sparktrain.data import shard
+
+            shard.set_path(req.data_path)
         if listen_fd is not None:
             store = _host_store(req, listen_fd)
         value = _run_entry(req)

@@ -21,7 +21,7 @@ from sparktrain.agent import NodeAgent
 from sparktrain.entrypoint import Entrypoint, FunctionEntry, ScriptEntry
 from sparktrain.layout import LaunchPlan
 from sparktrain.logs import LogSink
-from sparktrain.results import RunResult, collect
+from sparktrain.results import RunResult, finish, node_report
 from sparktrain.worker import RankRequest, payload_path
 
 LOOPBACK = "127.0.0.1"
@@ -36,7 +36,13 @@ def _bind_free_port(host: str) -> socket.socket:
 
 
 def _requests(
-    plan: LaunchPlan, entry: Entrypoint, run_dir: str, port: int, base: dict[str, str]
+    plan: LaunchPlan,
+    entry: Entrypoint,
+    run_dir: str,
+    port: int,
+    base: dict[str, str],
+    *,
+    data_paths: list[str] | None,
 ) -> list[RankRequest]:
     run_id = uuid.uuid4().hex[:12]
     threads = None if env.user_set_threads(base) else plan.threads_per_rank
@@ -66,12 +72,19 @@ def _requests(
                 script=entry if isinstance(entry, ScriptEntry) else None,
                 threads=threads,
                 keep_value=rank in keep and isinstance(entry, FunctionEntry),
+                data_path=data_paths[rank] if data_paths else None,
             )
         )
     return requests
 
 
-def run_local(plan: LaunchPlan, entry: Entrypoint, *, sink: LogSink | None = None) -> RunResult:
+def run_local(
+    plan: LaunchPlan,
+    entry: Entrypoint,
+    *,
+    sink: LogSink | None = None,
+    data_paths: list[str] | None = None,
+) -> RunResult:
     """Run ``entry`` on ``plan.world_size`` ranks on this machine; see :func:`sparktrain.launch`."""
     started = time.monotonic()
     run_dir = tempfile.mkdtemp(prefix="sparktrain-run-")  # mode 0700: private to this user
@@ -80,7 +93,8 @@ def run_local(plan: LaunchPlan, entry: Entrypoint, *, sink: LogSink | None = Non
         if isinstance(entry, FunctionEntry):
             payload_path(run_dir).write_bytes(entry.payload)
         base = env.caller_environ()
-        requests = _requests(plan, entry, run_dir, listener.getsockname()[1], base)
+        port = listener.getsockname()[1]
+        requests = _requests(plan, entry, run_dir, port, base, data_paths=data_paths)
         sink = sink or LogSink(plan.log_ranks)
         server = warm.acquire(base)
         agent = NodeAgent(
@@ -90,15 +104,20 @@ def run_local(plan: LaunchPlan, entry: Entrypoint, *, sink: LogSink | None = Non
             outcome = agent.run()
         finally:
             warm.release(server)
-        return collect(
+        report = node_report(
             outcome,
             run_dir,
-            world_size=plan.world_size,
+            node_rank=0,
             host=socket.gethostname(),
             tails={r.rank: sink.tail(r.rank) for r in requests},
+            keep=tuple(r.rank for r in requests if r.keep_value),
+            gpus=plan.gpus,
+        )
+        return finish(
+            [report],
+            world_size=plan.world_size,
             timeout=plan.timeout,
             duration=time.monotonic() - started,
-            keep=tuple(r.rank for r in requests if r.keep_value),
         )
     finally:
         listener.close()

@@ -8,7 +8,9 @@ Same positional order and meaning: ``TorchDistributor(num_processes, local_mode,
   silent fallback.
 - ``run`` returns rank 0's value (pyspark's local mode returns whichever rank wrote last), and a
   failing script raises instead of returning ``None``.
-- No SparkSession is needed in local mode.
+- No SparkSession is needed in local mode. With ``local_mode=False`` the ranks run as barrier
+  tasks of the active SparkSession (classic or Spark Connect); its settings are checked here,
+  before anything is submitted.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 from sparktrain.errors import ConfigError
 from sparktrain.launcher import launch
-from sparktrain.layout import LaunchPlan, make_plan
+from sparktrain.layout import LaunchPlan, make_cluster_plan, make_plan
 from sparktrain.topology import detect_local
 
 
@@ -38,8 +40,9 @@ class TorchDistributor:
 
         Args:
             num_processes: Number of ranks (on GPU: number of GPUs used).
-            local_mode: ``True`` runs every rank on this machine. ``False`` (a Spark cluster)
-                is not available in this version and raises :class:`ConfigError`.
+            local_mode: ``True`` runs every rank on this machine; ``False`` runs them as barrier
+                tasks on the active SparkSession's executors (one rank per task on CPU, one per
+                GPU of a task on GPU).
             use_gpu: ``True``, ``False``, or ``None`` for GPUs when CUDA is available.
             timeout: Seconds after which the run is stopped (``None``: no limit).
             log_ranks: Ranks whose output is shown (``None``: all).
@@ -49,24 +52,31 @@ class TorchDistributor:
         """
         if not isinstance(local_mode, bool):
             raise ConfigError(f"local_mode={local_mode!r} must be True or False.")
-        if not local_mode:
-            raise ConfigError(
-                "local_mode=False runs the ranks on a Spark cluster, which this version of "
-                "sparktrain does not support yet; pass local_mode=True to run on this machine."
-            )
         self.num_processes = num_processes
         self.local_mode = local_mode
         self.use_gpu = use_gpu
         self.timeout = timeout
         self.log_ranks = log_ranks
-        self._topology = detect_local(gpus=use_gpu is not False)
-        self.plan: LaunchPlan = make_plan(
-            num_processes,
-            topology=self._topology,
-            use_gpu=use_gpu,
-            timeout=timeout,
-            log_ranks=log_ranks,
-        )
+        self._topology = None
+        if local_mode:
+            self._topology = detect_local(gpus=use_gpu is not False)
+            self.plan: LaunchPlan = make_plan(
+                num_processes,
+                topology=self._topology,
+                use_gpu=use_gpu,
+                timeout=timeout,
+                log_ranks=log_ranks,
+            )
+        else:
+            from sparktrain.backends import spark
+
+            self.plan = make_cluster_plan(
+                num_processes,
+                facts=spark.cluster_facts(spark.active_session(), num_processes),
+                use_gpu=use_gpu,
+                timeout=timeout,
+                log_ranks=log_ranks,
+            )
 
     def run(self, main: Any, *args: Any, **kwargs: Any) -> Any:
         """Run ``main`` on every rank and return rank 0's value.
@@ -84,7 +94,30 @@ class TorchDistributor:
         Raises:
             TrainingFailedError: A rank failed; the message names it with its traceback.
         """
-        result = launch(
+        return self._launch(main, args, kwargs, None).value
+
+    def train_on_dataframe(self, main: Any, df: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run ``main`` with each rank's share of ``df``'s rows; return rank 0's value.
+
+        Inside ``main``, ``sparktrain.data.rank_dataset()`` (or ``rank_dataloader(batch_size)``)
+        gives the rank's rows as tensors. Every rank gets the same number of rows (shorter
+        shares repeat rows), so every rank runs the same number of batches.
+
+        Args:
+            main: The training function, called as ``main(*args, **kwargs)`` on every rank.
+            df: A Spark DataFrame of numeric, array or ML vector columns.
+            *args: Arguments for ``main``.
+            **kwargs: Keyword arguments for ``main``.
+
+        Returns:
+            Rank 0's return value.
+        """
+        if not callable(main):
+            raise ConfigError(f"main={main!r} must be the training function for a DataFrame run.")
+        return self._launch(main, args, kwargs, df).value
+
+    def _launch(self, main: Any, args: Any, kwargs: Any, df: Any) -> Any:
+        return launch(
             main,
             args,
             kwargs,
@@ -93,5 +126,6 @@ class TorchDistributor:
             timeout=self.timeout,
             log_ranks=self.log_ranks,
             topology=self._topology,
+            backend="local" if self.local_mode else "spark",
+            dataframe=df,
         )
-        return result.value

@@ -1,0 +1,27 @@
+"""A DataFrame's rows shared among local ranks: collected as Arrow, split, padded, written."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sparktrain.data import arrow
+
+
+@contextmanager
+def local_shares(dataframe: Any, ranks: int) -> Iterator[list[str]]:
+    """Write each rank's share of ``dataframe`` to a private file; remove them afterwards."""
+    table = dataframe.toArrow()
+    shares = arrow.split(table, ranks)
+    target = max(share.num_rows for share in shares)
+    folder = tempfile.mkdtemp(prefix="sparktrain-data-")
+    try:
+        paths = [os.path.join(folder, f"share-{rank}.arrow") for rank in range(ranks)]
+        arrow.write_shares(shares, target, paths, 0)
+        yield paths
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,299 @@
+"""The Spark backend: one barrier stage whose tasks are node agents.
+
+The driver checks the cluster before submitting (GPU settings, concurrent task slots), opens an
+authenticated channel for live logs and stop requests, and runs
+``spark.range(tasks).mapInArrow(run_node, barrier=True)`` (or the user's DataFrame, split into
+as many partitions) in a helper thread, tagged so that it can be cancelled. The calling thread
+prints every rank's lines as they arrive (``[rank 1 host] ...``), tells every node to stop at
+the first failure, and turns the nodes' reports into a result or one error, never a Py4J wall of
+text. The same code serves classic and Spark Connect sessions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import re
+import secrets
+import socket
+import threading
+import time
+import uuid
+from typing import Any
+
+import cloudpickle
+
+from sparktrain.backends.spark_task import TaskSpec, run_node
+from sparktrain.channel import ChannelServer
+from sparktrain.entrypoint import Entrypoint, FunctionEntry, ScriptEntry
+from sparktrain.errors import ConfigError
+from sparktrain.layout import ClusterFacts, LaunchPlan
+from sparktrain.logs import LogSink
+from sparktrain.results import NodeReport, RunResult, finish
+
+SCHEMA = "node long, report binary"
+#: After the first failure, how long the nodes get to stop their ranks before the job is cancelled.
+CANCEL_AFTER = 15.0
+#: After the job ends, how long to wait for log lines still in flight.
+DRAIN_SECONDS = 5.0
+
+
+class SparkJobError(RuntimeError):
+    """The barrier job itself failed (an executor was lost, the job was cancelled...)."""
+
+
+def active_session() -> Any:
+    """The active SparkSession (classic or Connect), or a :class:`ConfigError` saying what to do."""
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError:
+        raise ConfigError(
+            "local_mode=False runs the ranks on Spark, which needs pyspark: "
+            "pip install 'sparktrain[spark]'"
+        ) from None
+    session = SparkSession.getActiveSession()
+    if session is None:
+        raise ConfigError(
+            "local_mode=False needs an active SparkSession; create one first "
+            "(SparkSession.builder...getOrCreate()), or pass local_mode=True to run on this "
+            "machine."
+        )
+    return session
+
+
+def is_connect(session: Any) -> bool:
+    """Whether ``session`` is a Spark Connect session."""
+    return type(session).__module__.startswith("pyspark.sql.connect")
+
+
+#: How long to wait for executors to register when there are fewer slots than tasks.
+SLOT_WAIT_SECONDS = 10.0
+
+
+def _slots(session: Any, want: int) -> int:
+    jsc = session.sparkContext._jsc.sc()
+    profile = jsc.resourceProfileManager().defaultResourceProfile()
+    deadline = time.monotonic() + SLOT_WAIT_SECONDS
+    slots = int(jsc.maxNumConcurrentTasks(profile))
+    while slots < want and time.monotonic() < deadline:  # executors may still be registering
+        time.sleep(0.5)
+        slots = int(jsc.maxNumConcurrentTasks(profile))
+    return slots
+
+
+def cluster_facts(session: Any, num_processes: object = 1) -> ClusterFacts:
+    """GPU and CPU settings of tasks and the number of concurrent task slots.
+
+    When the cluster has fewer slots than ``num_processes`` needs, waits up to
+    :data:`SLOT_WAIT_SECONDS` for executors that are still registering.
+    """
+    raw = session.conf.get("spark.task.resource.gpu.amount", "0") or "0"
+    try:
+        task_gpus = float(raw)
+    except ValueError:
+        raise ConfigError(f"spark.task.resource.gpu.amount={raw!r} is not a number") from None
+    if task_gpus != int(task_gpus):
+        raise ConfigError(
+            f"spark.task.resource.gpu.amount={raw} shares a GPU between tasks; a rank needs a "
+            "whole GPU. Set it to a whole number such as 1."
+        )
+    slots = None
+    if not is_connect(session):
+        want = num_processes if isinstance(num_processes, int) else 1
+        slots = _slots(session, -(-want // max(1, int(task_gpus))))
+    task_cpus = int(session.conf.get("spark.task.cpus", "1") or "1")
+    return ClusterFacts(task_gpus=int(task_gpus), task_cpus=task_cpus, slots=slots)
+
+
+def _channel_host(session: Any) -> str:
+    if not is_connect(session):
+        return str(session.conf.get("spark.driver.host", "127.0.0.1"))
+    url = str(session.client._builder.url if hasattr(session.client, "_builder") else "")
+    server = re.sub(r"^sc://([^:/]+).*$", r"\1", url) or "127.0.0.1"
+    if server in ("localhost", "127.0.0.1", "::1"):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # the route to the server
+        probe.connect((server, 9))
+        return str(probe.getsockname()[0])
+
+
+_PYTHON_ERROR = re.compile(
+    r"(?s)Traceback \(most recent call last\):\n.*?\n(\w[\w.]*(?:Error|Exception)\b[^\n]*)"
+)
+_JOB_ERRORS = (
+    r"(ExecutorLostFailure[^\n]*)",
+    r"(BarrierJobSlotsNumberCheckFailed[^\n]*)",
+    r"Job aborted due to stage failure: ([^\n]*)",
+    r"(SparkException: [^\n]*)",
+)
+
+
+def _summarise(exc: BaseException) -> str:
+    """The one line of a Spark job failure worth showing (not the Java stack)."""
+    text = str(exc)
+    python = _PYTHON_ERROR.search(text)
+    if python:
+        return f"a task raised {python.group(1)}:\n{python.group(0)}"[:4000]
+    for pattern in _JOB_ERRORS:
+        found = re.search(pattern, text)
+        if found:
+            return found.group(1)[:500]
+    return text.splitlines()[0][:500] if text else type(exc).__name__
+
+
+def _partitioned(dataframe: Any, parts: int) -> tuple[Any, Any]:
+    """``dataframe`` in ``parts`` partitions, and a repartitioned fallback (or ``None``).
+
+    A DataFrame that already has ``parts`` partitions is used as it is (no shuffle). Barrier
+    stages refuse some lineages (a ``union`` or ``coalesce`` ancestor, SPARK-24820) when the job
+    is submitted, before any task runs; the fallback is then submitted instead.
+    """
+    with contextlib.suppress(Exception):  # Spark Connect has no .rdd: always repartition
+        if dataframe.rdd.getNumPartitions() == parts:
+            return dataframe, dataframe.repartition(parts)
+    return dataframe.repartition(parts), None
+
+
+class _Job:
+    """The barrier job, run in a helper thread so the caller's thread can print and cancel."""
+
+    def __init__(self, session: Any, frame: Any, spec: TaskSpec, fallback: Any = None) -> None:
+        self.session = session
+        self.frame = frame
+        self.fallback = fallback
+        self.spec = spec
+        self.tag = f"sparktrain-{spec.run_id}"
+        self.rows: list[Any] | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="sparktrain-spark-job", daemon=True)
+
+    def _run(self) -> None:
+        fn = _bind(run_node, self.spec)
+        try:
+            self.session.addTag(self.tag)
+            try:
+                try:
+                    self.rows = self.frame.mapInArrow(fn, SCHEMA, barrier=True).collect()
+                except Exception as exc:
+                    if self.fallback is None or "BarrierJobUnsupportedRDDChain" not in str(exc):
+                        raise
+                    self.rows = self.fallback.mapInArrow(fn, SCHEMA, barrier=True).collect()
+            finally:
+                self.session.removeTag(self.tag)
+        except BaseException as exc:
+            self.error = exc
+
+    def cancel(self) -> None:
+        with contextlib.suppress(Exception):
+            self.session.interruptTag(self.tag)
+
+
+def _bind(fn: Any, spec: TaskSpec) -> Any:
+    def task(batches: Any) -> Any:
+        return fn(spec, batches)
+
+    return task
+
+
+def run_spark(
+    plan: LaunchPlan, entry: Entrypoint, session: Any, *, dataframe: Any = None
+) -> RunResult:
+    """Run ``entry`` on ``plan.nodes`` barrier tasks of ``session``'s cluster."""
+    started = time.monotonic()
+    channel = ChannelServer(_channel_host(session), secrets.token_bytes(32))
+    keep = frozenset(range(plan.world_size)) if plan.return_all else frozenset({0})
+    spec = TaskSpec(
+        channel=channel.address,
+        secret=channel.secret,
+        run_id=uuid.uuid4().hex[:12],
+        world_size=plan.world_size,
+        procs_per_node=plan.procs_per_node,
+        use_gpu=plan.device == "cuda",
+        payload=entry.payload if isinstance(entry, FunctionEntry) else None,
+        script=entry if isinstance(entry, ScriptEntry) else None,
+        threads=plan.threads_per_rank,
+        timeout=plan.timeout,
+        grace=plan.stop_grace,
+        log_ranks=plan.log_ranks,
+        keep=keep if isinstance(entry, FunctionEntry) else frozenset(),
+        with_data=dataframe is not None,
+    )
+    if dataframe is None:
+        frame, fallback = session.range(0, plan.nodes, 1, plan.nodes), None
+    else:
+        frame, fallback = _partitioned(dataframe, plan.nodes)
+    job = _Job(session, frame, spec, fallback)
+    try:
+        reports = _follow(job, channel, plan)
+    finally:
+        channel.close()
+    return finish(
+        reports,
+        world_size=plan.world_size,
+        timeout=plan.timeout,
+        duration=time.monotonic() - started,
+    )
+
+
+class _Printer:
+    """Handles the nodes' messages on the driver: prints lines, notes hosts, failures, byes."""
+
+    def __init__(self, log_ranks: frozenset[int] | None) -> None:
+        self.sink = LogSink(log_ranks, prefix="[rank {rank} {host}] ")
+        self.hosts: dict[int, str] = {}
+        self.byes = 0
+
+    def handle(self, message: dict[str, Any]) -> bool:
+        """Act on one message; ``True`` when it reports a rank that failed."""
+        kind = message["kind"]
+        if kind == "log":
+            rank = message["rank"]
+            self.sink.set_host(rank, self.hosts.get(rank, "?"))
+            self.sink.write(rank, message["stream"], message["lines"])
+        elif kind == "hello":
+            self.hosts.update({rank: message["host"] for rank in message["ranks"]})
+        elif kind == "bye":
+            self.byes += 1
+        return bool(kind == "exit" and message["code"] != 0)
+
+
+def _next(channel: ChannelServer, wait: float) -> dict[str, Any] | None:
+    try:
+        return channel.messages.get(timeout=wait)
+    except queue.Empty:
+        return None
+
+
+def _follow(job: _Job, channel: ChannelServer, plan: LaunchPlan) -> list[NodeReport]:
+    printer = _Printer(plan.log_ranks)
+    cancel_at: float | None = None
+    job.thread.start()
+    try:
+        while job.thread.is_alive():
+            message = _next(channel, 0.2)
+            if message is None:
+                if cancel_at is not None and time.monotonic() > cancel_at:
+                    job.cancel()  # a node did not stop its ranks in time
+                    cancel_at = None
+            elif printer.handle(message) and cancel_at is None:
+                channel.broadcast({"op": "stop"})  # the first failure stops every node
+                cancel_at = time.monotonic() + CANCEL_AFTER + plan.stop_grace
+    except KeyboardInterrupt:
+        channel.broadcast({"op": "stop"})
+        job.cancel()
+        job.thread.join(30)
+        raise
+    if job.error is not None:
+        raise SparkJobError(
+            f"the Spark barrier job failed: {_summarise(job.error)}. Its ranks were stopped; "
+            "the executors' logs have the details."
+        ) from None
+    assert job.rows is not None
+    reports: list[NodeReport] = [cloudpickle.loads(row.report) for row in job.rows]
+    ran = sum(1 for report in reports if not report.setup_errors)
+    deadline = time.monotonic() + DRAIN_SECONDS
+    while printer.byes < ran and time.monotonic() < deadline:  # lines still in flight
+        message = _next(channel, 0.05)
+        if message is not None:
+            printer.handle(message)
+    return reports

@@ -1,0 +1,189 @@
+"""The Spark backend on a real local-cluster (two executor JVMs): results, failures, GPUs, data."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import cloudpickle
+import pytest
+import torch
+
+from conftest import EXAMPLES, wait_gone
+from sparktrain import ConfigError, TorchDistributor, TrainingFailedError, launch
+
+pytestmark = pytest.mark.spark
+
+# Executors do not have tests/ or examples/ on their path: ship these modules by value, as a
+# notebook's functions are.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+sys.path.insert(0, str(EXAMPLES))
+import train_mlp  # noqa: E402
+
+cloudpickle.register_pickle_by_value(train_mlp)
+
+
+def _tagged_train(epochs: int) -> torch.nn.Module:
+    model = train_mlp.train_fn(epochs=epochs)
+    model.module.trained_on_rank = int(os.environ["RANK"])
+    model.module.pid = os.getpid()
+    return model
+
+
+def test_seed_mlp_on_two_executors(spark: object, capfd: pytest.CaptureFixture[str]) -> None:
+    result = launch(
+        _tagged_train, (2,), num_processes=2, use_gpu=False, backend="spark", return_all=True
+    )
+    models = result.return_values
+    assert models[0].trained_on_rank == 0 and models[1].trained_on_rank == 1
+    for p0, p1 in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        assert torch.equal(p0, p1)
+    data = train_mlp.make_dataset()
+    assert train_mlp.mean_loss(models[0], data) < 0.5 * train_mlp.mean_loss(
+        train_mlp.make_model(), data
+    )
+    assert [node.ranks for node in result.nodes] == [(0,), (1,)]
+    out = capfd.readouterr().out
+    assert "[rank 0 127.0.0.1] epoch 0 loss" in out and "[rank 1 127.0.0.1] epoch 1 loss" in out
+    assert wait_gone([models[0].pid, models[1].pid]) == []
+
+
+def test_distributor_returns_rank_zeros_value(spark: object) -> None:
+    assert TorchDistributor(2, False, False).run(_rank_and_world) == (0, 2)
+
+
+def _rank_and_world() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return dist.get_rank(), int(t.item())
+
+
+def _fail_on_rank_one(pid_dir: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    Path(pid_dir, os.environ["RANK"]).write_text(str(os.getpid()))
+    dist.barrier()
+    if dist.get_rank() == 1:
+        raise ValueError("loss is nan on rank 1")
+    dist.barrier()
+
+
+def test_failure_names_rank_and_host(spark: object, tmp_path: Path) -> None:
+    with pytest.raises(TrainingFailedError) as info:
+        TorchDistributor(2, False, False).run(_fail_on_rank_one, str(tmp_path))
+    error = info.value
+    assert error.culprit is not None and error.culprit.rank == 1
+    assert error.culprit.host == "127.0.0.1" and error.victims == (0,)
+    assert str(error).startswith("rank 1 on 127.0.0.1 failed first: ValueError: loss is nan")
+    assert "Py4J" not in str(error) and "in _fail_on_rank_one" in str(error)
+    pids = [int(p.read_text()) for p in tmp_path.iterdir()]
+    assert len(pids) == 2 and wait_gone(pids) == []
+
+
+def test_capacity_error_names_both_numbers(spark: object) -> None:
+    with pytest.raises(ConfigError, match=r"needs 3 barrier tasks .* has 2 task slot\(s\)"):
+        TorchDistributor(3, False, False)
+
+
+def _gpu_environment() -> dict[str, str]:
+    return {k: os.environ.get(k, "") for k in ("CUDA_VISIBLE_DEVICES", "LOCAL_RANK", "NODE_RANK")}
+
+
+def test_gpus_are_sparks_assignment(spark: object) -> None:
+    result = launch(
+        _gpu_environment, num_processes=2, use_gpu=True, backend="spark", return_all=True
+    )
+    for node in result.nodes:
+        assert len(node.gpus) == 1 and node.gpus[0] in ("0", "1")
+        (rank,) = node.ranks
+        assert result.return_values[rank] == {
+            "CUDA_VISIBLE_DEVICES": node.gpus[0],
+            "LOCAL_RANK": "0",
+            "NODE_RANK": str(node.node_rank),
+        }
+
+
+def _shard_summary(batch_size: int) -> tuple[int, int, list[int], list[int]]:
+    from sparktrain.data import rank_dataloader, rank_dataset
+
+    dataset = rank_dataset()
+    ids = sorted({int(i) for i in dataset.tensors[0]})
+    widths = [int(t.shape[1]) if t.dim() == 2 else 1 for t in dataset.tensors[1:]]
+    return len(dataset), len(rank_dataloader(batch_size)), ids, widths
+
+
+def _uneven_frame(spark: object) -> object:
+    from pyspark.ml.feature import VectorAssembler
+    from pyspark.sql import functions as F
+
+    frame = spark.range(40)  # type: ignore[attr-defined]
+    bucket = F.when(F.col("id") < 10, 0).otherwise(2)  # these two hash to different partitions
+    frame = frame.withColumn("bucket", bucket).repartition(2, "bucket").drop("bucket")
+    frame = frame.withColumn("x", F.col("id") * 0.5)
+    frame = frame.withColumn("arr", F.array(F.col("x"), F.col("x") + 1))
+    return VectorAssembler(inputCols=["x", "id"], outputCol="vec").transform(frame)
+
+
+def test_train_on_dataframe_uneven_partitions(spark: object) -> None:
+    frame = _uneven_frame(spark)
+    sizes = frame.rdd.glom().map(len).collect()  # type: ignore[attr-defined]
+    assert sorted(sizes) == [10, 30]
+    distributor = TorchDistributor(2, False, False)
+    rows0, batches0, _, widths = distributor.train_on_dataframe(_shard_summary, frame, 8)
+    result = launch(
+        _shard_summary,
+        (8,),
+        num_processes=2,
+        use_gpu=False,
+        backend="spark",
+        dataframe=frame,
+        return_all=True,
+    )
+    shares = result.return_values
+    assert shares[0][:2] == shares[1][:2] == (30, 4)  # padded to the longer share: equal batches
+    assert (rows0, batches0) == (30, 4)
+    assert sorted(set(shares[0][2]) | set(shares[1][2])) == list(range(40))  # nothing lost
+    assert widths == [1, 2, 2]  # x; the array column; the ML vector
+
+
+def test_lineage_refused_by_barrier_mode_is_repartitioned(spark: object) -> None:
+    first = spark.range(0, 6, 1, 1)  # type: ignore[attr-defined]
+    frame = first.union(spark.range(6, 8, 1, 1)).coalesce(2)  # type: ignore[attr-defined]
+    rows, _, _, _ = TorchDistributor(2, False, False).train_on_dataframe(_shard_summary, frame, 2)
+    assert rows in (4, 5, 6)
+
+
+def test_train_on_dataframe_locally(spark: object) -> None:
+    frame = _uneven_frame(spark)
+    rows, batches, _, _ = TorchDistributor(2, True, False).train_on_dataframe(
+        _shard_summary, frame, 8
+    )
+    assert (rows, batches) == (20, 3)
+    shares = launch(
+        _shard_summary, (8,), num_processes=2, use_gpu=False, dataframe=frame, return_all=True
+    ).return_values
+    assert sorted(shares[0][2] + shares[1][2]) == list(range(40))
+
+
+def test_script_on_spark(spark: object, tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import os, sys\n"
+        f"open(os.path.join({str(tmp_path)!r}, 'out-' + os.environ['RANK']), 'w')"
+        ".write(' '.join(sys.argv[1:]))\n"
+    )
+    assert TorchDistributor(2, False, False).run(str(script), "--epochs", 3) is None
+    assert [(tmp_path / f"out-{r}").read_text() for r in (0, 1)] == ["--epochs 3"] * 2
+
+
+def test_no_active_session_is_a_clear_error() -> None:
+    import subprocess
+
+    code = "from sparktrain import TorchDistributor; TorchDistributor(2, False, False)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert "local_mode=False needs an active SparkSession" in done.stderr

@@ -88,3 +88,75 @@ def test_rank_environment_contract() -> None:
     assert env["MASTER_PORT"] == "29400" and env["CUDA_VISIBLE_DEVICES"] == "3,5"
     assert env["HOME"] == "/root" and env["OMP_NUM_THREADS"] == "2"  # the user's choice stays
     assert env["TORCHELASTIC_USE_AGENT_STORE"] == "True"
+
+
+from sparktrain.layout import ClusterFacts, make_cluster_plan  # noqa: E402
+
+
+def test_cluster_plan_cpu_one_rank_per_task() -> None:
+    plan = make_cluster_plan(4, facts=ClusterFacts(task_gpus=0, task_cpus=2, slots=4))
+    assert (plan.nodes, plan.procs_per_node, plan.device, plan.threads_per_rank) == (
+        4,
+        1,
+        "cpu",
+        2,
+    )
+
+
+def test_cluster_plan_gpu_ranks_per_task() -> None:
+    plan = make_cluster_plan(4, facts=ClusterFacts(task_gpus=2, task_cpus=4, slots=2))
+    assert (plan.nodes, plan.procs_per_node, plan.device) == (2, 2, "cuda")
+    assert (
+        make_cluster_plan(
+            2, facts=ClusterFacts(task_gpus=1, task_cpus=1, slots=2), use_gpu=False
+        ).device
+        == "cpu"
+    )
+
+
+NO_GPU = ClusterFacts(task_gpus=0, task_cpus=1, slots=8)
+TWO_GPU_TASKS = ClusterFacts(task_gpus=2, task_cpus=1, slots=8)
+TWO_SLOTS = ClusterFacts(task_gpus=0, task_cpus=1, slots=2)
+ONE_GPU_SLOT = ClusterFacts(task_gpus=1, task_cpus=1, slots=1)
+
+
+@pytest.mark.parametrize(
+    ("facts", "num", "use_gpu", "pattern"),
+    [
+        (NO_GPU, 2, True, r"spark\.task\.resource\.gpu\.amount is unset"),
+        (TWO_GPU_TASKS, 3, True, r"num_processes=3 is not a multiple of .*=2"),
+        (TWO_SLOTS, 3, False, r"needs 3 barrier tasks .* has 2 task slot"),
+        (ONE_GPU_SLOT, 2, None, r"needs 2 barrier tasks \(1 GPU\(s\) each\)"),
+    ],
+)
+def test_cluster_plan_errors(facts: ClusterFacts, num: int, use_gpu: object, pattern: str) -> None:
+    with pytest.raises(ConfigError, match=pattern):
+        make_cluster_plan(num, facts=facts, use_gpu=use_gpu)
+
+
+class _Resource:
+    def __init__(self, addresses: list[str]) -> None:
+        self.addresses = addresses
+
+
+class _Context:
+    def __init__(self, addresses: list[str]) -> None:
+        self._resources = {"gpu": _Resource(addresses)}
+
+    def resources(self) -> dict[str, _Resource]:
+        return self._resources
+
+
+def test_task_gpu_addresses_must_be_plain_integers() -> None:
+    from sparktrain.backends.spark_task import TaskSpec, _gpus
+
+    spec = TaskSpec(
+        channel=("127.0.0.1", 1), secret=b"", run_id="r", world_size=2, procs_per_node=1,
+        use_gpu=True, payload=None, script=None, threads=1, timeout=None, grace=1.0,
+        log_ranks=None, keep=frozenset(), with_data=False,
+    )  # fmt: skip
+    assert _gpus(_Context(["3"]), spec) == ("3",)
+    with pytest.raises(ValueError, match=r"\['GPU-1f2e'\] are not plain integers"):
+        _gpus(_Context(["GPU-1f2e"]), spec)
+    with pytest.raises(ValueError, match="gave this task 2 GPU"):
+        _gpus(_Context(["0", "1"]), spec)

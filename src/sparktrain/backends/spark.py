@@ -106,13 +106,16 @@ def cluster_facts(session: Any, num_processes: object = 1) -> ClusterFacts:
 
 
 def _channel_host(session: Any) -> str:
+    """The address at which executors reach this process.
+
+    The driver's host, or, for Spark Connect, this client's address on the route to the server.
+    """
     if not is_connect(session):
         return str(session.conf.get("spark.driver.host", "127.0.0.1"))
-    url = str(session.client._builder.url if hasattr(session.client, "_builder") else "")
-    server = re.sub(r"^sc://([^:/]+).*$", r"\1", url) or "127.0.0.1"
+    server = str(getattr(session.client, "host", "") or "127.0.0.1")
     if server in ("localhost", "127.0.0.1", "::1"):
         return "127.0.0.1"
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # the route to the server
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # no packet is sent
         probe.connect((server, 9))
         return str(probe.getsockname()[0])
 

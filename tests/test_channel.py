@@ -1,0 +1,65 @@
+"""The driver's channel: only this job's agents get in; rogue or silent peers are refused."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+
+import pytest
+
+from sparktrain.channel import ChannelClient, ChannelError, ChannelServer
+
+
+def _wait(predicate, within: float = 5.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + within
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_authenticated_agent_talks_both_ways() -> None:
+    server = ChannelServer("127.0.0.1", b"s" * 32)
+    try:
+        client = ChannelClient(server.address, b"s" * 32)
+        client.send({"kind": "log", "lines": ["hello"]})
+        assert server.messages.get(timeout=5) == {"kind": "log", "lines": ["hello"]}
+        server.broadcast({"op": "stop"})
+        assert client.stop_requested()
+        client.close()
+    finally:
+        server.close()
+
+
+def test_wrong_secret_is_refused_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    server = ChannelServer("127.0.0.1", b"right-secret-0123456789abcdef012")
+    try:
+        with caplog.at_level(logging.WARNING, "sparktrain.channel"):
+            with pytest.raises((ChannelError, OSError)):
+                ChannelClient(server.address, b"wrong-secret-0123456789abcdef01")
+            assert _wait(lambda: len(server.refused) == 1)
+        assert "refused a connection" in caplog.text
+        assert server.messages.empty()
+    finally:
+        server.close()
+
+
+def test_rogue_bytes_and_silent_peers_do_not_block_agents() -> None:
+    server = ChannelServer("127.0.0.1", b"k" * 32)
+    try:
+        silent = socket.create_connection(server.address)  # connects, never answers
+        rogue = socket.create_connection(server.address)
+        rogue.recv(32)
+        rogue.sendall(b"\x00" * 64 + b"not a pickle")  # a wrong answer to the challenge
+        assert _wait(lambda: len(server.refused) == 1)
+        client = ChannelClient(server.address, b"k" * 32)  # still served while `silent` waits
+        client.send({"kind": "bye"})
+        assert server.messages.get(timeout=5) == {"kind": "bye"}
+        assert server.messages.empty()
+        for sock in (silent, rogue):
+            sock.close()
+        client.close()
+    finally:
+        server.close()

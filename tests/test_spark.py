@@ -187,3 +187,19 @@ def test_no_active_session_is_a_clear_error() -> None:
     code = "from sparktrain import TorchDistributor; TorchDistributor(2, False, False)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert "local_mode=False needs an active SparkSession" in done.stderr
+
+
+def _sleep_on_rank_one() -> int:
+    import time
+
+    if os.environ["RANK"] == "1":
+        time.sleep(120)
+    return os.getpid()
+
+
+def test_timeout_on_spark_names_running_rank(spark: object) -> None:
+    from sparktrain import TrainingTimeoutError
+
+    with pytest.raises(TrainingTimeoutError) as info:
+        TorchDistributor(2, False, False, timeout=12).run(_sleep_on_rank_one)
+    assert info.value.running == (1,)

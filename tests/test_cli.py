@@ -57,5 +57,13 @@ def test_help_lists_options() -> None:
         text=True,
         check=True,
     )
-    for option in ("--nproc", "--gpu", "--cpu", "--timeout", "--log-ranks"):
+    for option in (
+        "--nproc",
+        "--gpu",
+        "--cpu",
+        "--timeout",
+        "--log-ranks",
+        "--max-restarts",
+        "--hang-timeout",
+    ):
         assert option in done.stdout

@@ -19,15 +19,20 @@ def test_import_pulls_in_nothing_heavy() -> None:
 def test_public_names() -> None:
     assert sorted(sparktrain.__all__) == [
         "ConfigError",
+        "HangError",
         "LaunchPlan",
         "RankFailure",
         "RunResult",
+        "SparkJobError",
         "TorchDistributor",
         "TrainingFailedError",
         "TrainingTimeoutError",
         "__version__",
+        "checkpoint",
         "launch",
         "plan",
+        "report",
+        "restart_count",
         "shutdown_warm",
     ]
     for name in sparktrain.__all__:

@@ -203,3 +203,18 @@ def test_timeout_on_spark_names_running_rank(spark: object) -> None:
     with pytest.raises(TrainingTimeoutError) as info:
         TorchDistributor(2, False, False, timeout=12).run(_sleep_on_rank_one)
     assert info.value.running == (1,)
+
+
+def test_kill_and_restart_on_spark(spark: object, tmp_path: Path) -> None:
+    import test_faults
+
+    cloudpickle.register_pickle_by_value(test_faults)
+    clean = launch(
+        test_faults.resumable_train, (str(tmp_path / "clean"), 4, -1, -1),
+        num_processes=2, use_gpu=False,
+    ).value  # fmt: skip
+    faulty = TorchDistributor(2, False, False, max_restarts=1).run(
+        test_faults.resumable_train, str(tmp_path / "faulty"), 4, 0, 2
+    )
+    assert (faulty["start"], faulty["restart"]) == (2, 1)
+    assert all(torch.equal(clean["params"][k], faulty["params"][k]) for k in clean["params"])

@@ -10,14 +10,19 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from sparktrain._version import __version__
+from sparktrain.env import restart_count
 from sparktrain.errors import (
     ConfigError,
+    HangError,
     RankFailure,
+    SparkJobError,
     TrainingFailedError,
     TrainingTimeoutError,
 )
+from sparktrain.progress import report
 
 if TYPE_CHECKING:
+    from sparktrain import checkpoint
     from sparktrain.compat.torch_distributor import TorchDistributor
     from sparktrain.launcher import launch
     from sparktrain.layout import LaunchPlan
@@ -27,19 +32,25 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ConfigError",
+    "HangError",
     "LaunchPlan",
     "RankFailure",
     "RunResult",
+    "SparkJobError",
     "TorchDistributor",
     "TrainingFailedError",
     "TrainingTimeoutError",
     "__version__",
+    "checkpoint",
     "launch",
     "plan",
+    "report",
+    "restart_count",
     "shutdown_warm",
 ]
 
 _LAZY = {
+    "checkpoint": ("sparktrain", "checkpoint"),
     "TorchDistributor": ("sparktrain.compat.torch_distributor", "TorchDistributor"),
     "launch": ("sparktrain.launcher", "launch"),
     "LaunchPlan": ("sparktrain.layout", "LaunchPlan"),
@@ -54,7 +65,10 @@ def __getattr__(name: str) -> Any:
         module, attr = _LAZY[name]
     except KeyError:
         raise AttributeError(f"module 'sparktrain' has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(module), attr)
+    if module == "sparktrain":  # a submodule
+        value = importlib.import_module(f"sparktrain.{attr}")
+    else:
+        value = getattr(importlib.import_module(module), attr)
     globals()[name] = value
     return value
 

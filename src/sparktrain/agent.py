@@ -19,12 +19,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from sparktrain import stacks
+from sparktrain.errors import StackSite
 from sparktrain.logs import LogSink, Stream
 from sparktrain.warm import ForkServer
-from sparktrain.worker import RankRequest
+from sparktrain.worker import RankRequest, stack_path
 
 #: How long to keep reading pipes after every rank has exited (a grandchild may hold them).
 DRAIN_SECONDS = 2.0
+#: How long hung ranks get to write their stacks after SIGUSR1.
+STACK_SECONDS = 3.0
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,10 @@ class NodeOutcome:
     timed_out: bool = False
     running_at_timeout: tuple[int, ...] = ()
     stop_time: float | None = None
+    hung: bool = False
+    hang_sites: dict[int, StackSite] = field(default_factory=dict)
+    hang_silent: tuple[int, ...] = ()
+    last_reports: dict[int, bytes] = field(default_factory=dict)
 
 
 class NodeAgent:
@@ -80,6 +88,7 @@ class NodeAgent:
         grace: float = 3.0,
         control: Control | None = None,
         on_exit: Callable[[RankExit], None] | None = None,
+        hang_timeout: float | None = None,
     ) -> None:
         """Prepare to run ``requests`` (one per rank) on ``server``.
 
@@ -92,6 +101,8 @@ class NodeAgent:
             grace: Seconds between SIGTERM and SIGKILL.
             control: Tells this node to stop when another node failed (multi-node backends).
             on_exit: Called with each rank's exit as soon as it is seen.
+            hang_timeout: Seconds without output or report from any rank after which the
+                ranks' stacks are taken and the node is stopped.
         """
         self.server = server
         self.requests = list(requests)
@@ -101,6 +112,8 @@ class NodeAgent:
         self.grace = grace
         self.control = control
         self.on_exit = on_exit
+        self.hang_timeout = hang_timeout
+        self._last_progress = time.monotonic()
         self.outcome = NodeOutcome()
         self._pids: dict[int, int] = {}
         self._ranks: dict[int, int] = {}
@@ -140,17 +153,20 @@ class NodeAgent:
         for request in self.requests:
             out_r, out_w = os.pipe()
             err_r, err_w = os.pipe()
-            fds = [out_w, err_w]
+            rep_r, rep_w = os.pipe()
+            fds = [out_w, err_w, rep_w]
             if request.rank == 0 and self.listen is not None:
                 fds.append(self.listen.fileno())
             try:
                 self.server.spawn(request.rank, request, fds)
                 self._expected += 1
             finally:
-                os.close(out_w)
-                os.close(err_w)
+                for fd in (out_w, err_w, rep_w):
+                    os.close(fd)
             self._selector.register(out_r, selectors.EVENT_READ, (request.rank, "stdout"))
             self._selector.register(err_r, selectors.EVENT_READ, (request.rank, "stderr"))
+            self._selector.register(rep_r, selectors.EVENT_READ, (request.rank, "report"))
+        self._last_progress = time.monotonic()
         if self.listen is not None:
             self.listen.close()
 
@@ -169,6 +185,8 @@ class NodeAgent:
             deadlines = [d for d in (drain_until, self._kill_at) if d is not None]
             if self.timeout is not None and self.outcome.stop_time is None:
                 deadlines.append(started + self.timeout)
+            if self.hang_timeout is not None and self.outcome.stop_time is None:
+                deadlines.append(self._last_progress + self.hang_timeout)
             wait = max(0.0, min(deadlines) - now) if deadlines else None
             for key, _ in self._selector.select(wait):
                 if key.data is None:
@@ -191,20 +209,54 @@ class NodeAgent:
                 sorted(r.rank for r in self.requests if r.rank not in self.outcome.exits)
             )
             self.stop()
+        if (
+            self.hang_timeout is not None
+            and self.outcome.stop_time is None
+            and now - self._last_progress >= self.hang_timeout
+        ):
+            self._take_stacks()
+            self.stop()
         if self._kill_at is not None and now >= self._kill_at:
             for rank, pid in self._pids.items():
                 if rank not in self.outcome.exits:
                     self.server.signal(pid, signal.SIGKILL)
             self._kill_at = None
 
-    def _on_output(self, fd: int, rank: int, stream: Stream) -> None:
+    def _on_output(self, fd: int, rank: int, stream: Stream | str) -> None:
         data = os.read(fd, 1 << 16)
         if data:
-            self.sink.feed(rank, stream, data)
+            self._last_progress = time.monotonic()
+            if stream == "report":
+                self.outcome.last_reports[rank] = data.rsplit(b"\n", 2)[-2:][0]
+            else:
+                self.sink.feed(rank, stream, data)  # type: ignore[arg-type]
             return
         self._selector.unregister(fd)
         os.close(fd)
-        self.sink.close(rank, stream)
+        if stream != "report":
+            self.sink.close(rank, stream)  # type: ignore[arg-type]
+
+    def _running(self) -> list[tuple[int, int]]:
+        return [(r, pid) for r, pid in self._pids.items() if r not in self.outcome.exits]
+
+    def _take_stacks(self) -> None:
+        """Ask every running rank for its Python stacks and read where each one waits."""
+        self.outcome.hung = True
+        running = self._running()
+        paths = {r.rank: stack_path(r.run_dir, r.rank) for r in self.requests}
+        for _, pid in running:
+            self.server.signal(pid, signal.SIGUSR1, group=False)
+        deadline = time.monotonic() + STACK_SECONDS
+        sites: dict[int, StackSite] = {}
+        while len(sites) < len(running) and time.monotonic() < deadline:
+            time.sleep(0.1)
+            for rank, _ in running:
+                if rank not in sites and paths[rank].exists():
+                    site = stacks.parse(paths[rank].read_text(errors="replace"), rank)
+                    if site is not None:
+                        sites[rank] = site
+        self.outcome.hang_sites = sites
+        self.outcome.hang_silent = tuple(r for r, _ in running if r not in sites)
 
     def _on_control(self, fd: int) -> None:
         assert self.control is not None

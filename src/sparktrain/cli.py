@@ -51,6 +51,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--timeout", type=float, default=None, help="stop the run after SECONDS")
     run.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        help="restart every rank after a failure, up to N times (default: 0)",
+    )
+    run.add_argument(
+        "--hang-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="declare a hang after SECONDS without output, and show where each rank waits",
+    )
+    run.add_argument(
         "--log-ranks",
         default=None,
         metavar="0,1",
@@ -142,6 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             use_gpu=options.use_gpu,
             timeout=options.timeout,
             log_ranks=_log_ranks(options.log_ranks),
+            max_restarts=options.max_restarts,
+            hang_timeout=options.hang_timeout,
         )
     except ConfigError as exc:
         print(f"sparktrain: error: {exc}", file=sys.stderr)

@@ -51,6 +51,8 @@ class RankEnv:
         run_id: Identifier of the run (``TORCHELASTIC_RUN_ID``).
         visible_devices: GPU addresses this node's ranks own, or ``None`` on CPU.
         threads: Intra-op threads for the rank (``OMP_NUM_THREADS`` unless the user set it).
+        restart: How many times the group was restarted before this attempt.
+        max_restarts: How many restarts the run allows.
     """
 
     rank: int
@@ -64,6 +66,8 @@ class RankEnv:
     run_id: str
     visible_devices: tuple[str, ...] | None
     threads: int
+    restart: int = 0
+    max_restarts: int = 0
 
     def variables(self) -> dict[str, str]:
         """The variables to set in the rank, as strings."""
@@ -81,8 +85,8 @@ class RankEnv:
             "MASTER_ADDR": self.master_addr,
             "MASTER_PORT": str(self.master_port),
             "TORCHELASTIC_RUN_ID": self.run_id,
-            "TORCHELASTIC_RESTART_COUNT": "0",
-            "TORCHELASTIC_MAX_RESTARTS": "0",
+            "TORCHELASTIC_RESTART_COUNT": str(self.restart),
+            "TORCHELASTIC_MAX_RESTARTS": str(self.max_restarts),
             "TORCHELASTIC_USE_AGENT_STORE": "True",
             "PYTHONUNBUFFERED": "1",
         }
@@ -115,3 +119,8 @@ def cuda_visible_devices() -> tuple[str, ...] | None:
 def user_set_threads(env: Mapping[str, str]) -> bool:
     """Whether the user chose the thread count (``OMP_NUM_THREADS``) themselves."""
     return "OMP_NUM_THREADS" in env
+
+
+def restart_count() -> int:
+    """Inside a rank: how many times the group was restarted before this attempt (0 at first)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or "0")

@@ -10,6 +10,7 @@ Design choices:
 
 from __future__ import annotations
 
+import os
 import signal
 from dataclasses import dataclass
 
@@ -82,7 +83,64 @@ class TrainingFailedError(RuntimeError):
         self.victims = victims
         self.failures = failures
         self.attempts = attempts
+        self.headline = headline
         super().__init__(headline or _describe(culprit, victims, attempts))
+
+    def __str__(self) -> str:
+        text = self.headline or _describe(self.culprit, self.victims, self.attempts)
+        if self.headline and self.attempts > 1:
+            text += f" ({self.attempts} attempts ran)"
+        return text
+
+
+@dataclass(frozen=True)
+class StackSite:
+    """Where one rank was waiting when a hang was detected.
+
+    Attributes:
+        rank: Global rank.
+        function: The innermost function (e.g. ``all_reduce``).
+        user_file: File of the innermost frame outside torch and the standard library.
+        user_line: Its line.
+        user_function: Its function.
+        stack: The rank's whole Python stack, most recent call first.
+    """
+
+    rank: int
+    function: str
+    user_file: str
+    user_line: int
+    user_function: str
+    stack: str
+
+    def describe(self) -> str:
+        """``rank 1 in all_reduce at train.py:42 (in train)``."""
+        where = f"{os.path.basename(self.user_file)}:{self.user_line}" if self.user_file else "?"
+        return f"rank {self.rank} in {self.function} at {where} (in {self.user_function})"
+
+
+class HangError(TrainingFailedError):
+    """No rank made progress for ``hang_timeout`` seconds; says where each rank waited."""
+
+    def __init__(self, hang_timeout: float, sites: dict[int, StackSite], silent: tuple[int, ...]):
+        self.sites = sites
+        lines = [
+            f"no rank made progress for hang_timeout={hang_timeout:g}s (no output, no "
+            "sparktrain.report()); the run was stopped. Where each rank was waiting:"
+        ]
+        lines += [f"  {sites[r].describe()}" for r in sorted(sites)]
+        lines += [f"  rank {r}: no stack (it did not answer)" for r in silent if r not in sites]
+        lines.append(
+            "A rank waiting in a collective that another rank never reached usually means the "
+            "ranks took different branches or ran different numbers of steps."
+        )
+        super().__init__(
+            None, tuple(sorted(set(sites) | set(silent))), {}, headline="\n".join(lines)
+        )
+
+
+class SparkJobError(RuntimeError):
+    """The Spark barrier job itself failed (an executor was lost, the job was cancelled...)."""
 
 
 class TrainingTimeoutError(TrainingFailedError):

@@ -40,9 +40,10 @@ _IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 class _BecomeRank(Exception):
     """Raised in a freshly forked child to leave the server loop and run a rank."""
 
-    def __init__(self, request: Any, listen_fd: int | None) -> None:
+    def __init__(self, request: Any, report_fd: int, listen_fd: int | None) -> None:
         super().__init__()
         self.request = request
+        self.report_fd = report_fd
         self.listen_fd = listen_fd
 
 
@@ -122,15 +123,19 @@ class _Server:
         if message["op"] == "spawn":
             self._spawn(message, fds)
         elif message["op"] == "signal" and message["pid"] in self.children:
-            _kill_group(message["pid"], message["sig"])
+            if message.get("group", True):
+                _kill_group(message["pid"], message["sig"])
+            else:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(message["pid"], message["sig"])
         return True
 
     def _spawn(self, message: dict[str, Any], fds: list[int]) -> None:
-        out_fd, err_fd, *rest = fds
+        out_fd, err_fd, report_fd, *rest = fds
         pid = os.fork()
         if pid == 0:
             self._enter_child(out_fd, err_fd)
-            raise _BecomeRank(message["request"], rest[0] if rest else None)
+            raise _BecomeRank(message["request"], report_fd, rest[0] if rest else None)
         self.children.add(pid)
         for fd in fds:
             os.close(fd)
@@ -164,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
 
         code = 1
         try:
-            code = run_rank(become.request, become.listen_fd)
+            code = run_rank(become.request, become.report_fd, become.listen_fd)
         finally:
             exit_rank(code)
     else:

@@ -1,21 +1,27 @@
 """``launch``: the one core call that every front door uses.
 
-``launch`` validates everything first (the entrypoint pickles, the plan fits this machine), and
-only then starts processes. It returns a :class:`RunResult` with rank 0's value (or every rank's)
-or raises one :class:`TrainingFailedError` naming the rank that failed first.
+``launch`` validates everything first (the entrypoint pickles, the plan fits this machine or the
+cluster), and only then starts processes. It returns a :class:`RunResult` with rank 0's value (or
+every rank's) or raises one :class:`TrainingFailedError` naming the rank that failed first. With
+``max_restarts=K``, a failed group is stopped whole and started again, up to K times; inside the
+ranks ``sparktrain.restart_count()`` tells which attempt runs, so that training resumes from its
+last checkpoint.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+import sys
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Literal
 
 from sparktrain.backends.local import run_local
-from sparktrain.entrypoint import make_entrypoint
-from sparktrain.errors import ConfigError
-from sparktrain.layout import make_cluster_plan, make_plan
+from sparktrain.entrypoint import Entrypoint, make_entrypoint
+from sparktrain.errors import ConfigError, SparkJobError, TrainingFailedError, TrainingTimeoutError
+from sparktrain.layout import LaunchPlan, make_cluster_plan, make_plan
 from sparktrain.results import RunResult
 from sparktrain.topology import Topology, detect_local
+
+Attempt = Callable[[int], RunResult]
 
 
 def launch(
@@ -28,11 +34,13 @@ def launch(
     timeout: float | None = None,
     log_ranks: Collection[int] | None = None,
     return_all: bool = False,
+    max_restarts: int = 0,
+    hang_timeout: float | None = None,
     topology: Topology | None = None,
     backend: Literal["local", "spark"] = "local",
     dataframe: Any = None,
 ) -> RunResult:
-    """Run ``main`` on ``num_processes`` ranks on this machine and wait for them.
+    """Run ``main`` on ``num_processes`` ranks and wait for them.
 
     Args:
         main: A function (every rank calls ``main(*args, **kwargs)``) or the path of a Python
@@ -46,6 +54,11 @@ def launch(
             :class:`~sparktrain.TrainingTimeoutError` is raised.
         log_ranks: Ranks whose output is shown (``None``: all). Lines are prefixed ``[rank N]``.
         return_all: Bring back every rank's return value, not only rank 0's.
+        max_restarts: After a failure, stop every rank and start the whole group again, up to
+            this many times (timeouts are not restarted).
+        hang_timeout: Seconds without progress (output or ``sparktrain.report()``) from any
+            rank after which the run is declared hung: each rank's stack is taken and
+            :class:`~sparktrain.HangError` says where each one waited.
         topology: The machine's resources; detected when ``None`` (tests pass their own).
         backend: ``"local"`` (this machine) or ``"spark"`` (barrier tasks of the active
             SparkSession, classic or Connect; one rank per task, or one per GPU of a task).
@@ -57,7 +70,8 @@ def launch(
 
     Raises:
         ConfigError: Bad input; nothing was started.
-        TrainingFailedError: A rank failed; names it, its traceback and the stopped ranks.
+        TrainingFailedError: A rank failed (after the allowed restarts); names it, its
+            traceback and the stopped ranks.
     """
     entry = make_entrypoint(main, args, kwargs)
     if backend == "spark":
@@ -71,8 +85,12 @@ def launch(
             timeout=timeout,
             log_ranks=log_ranks,
             return_all=return_all,
+            max_restarts=max_restarts,
+            hang_timeout=hang_timeout,
         )
-        return spark.run_spark(plan, entry, session, dataframe=dataframe)
+        return _with_restarts(
+            plan, lambda n: spark.run_spark(plan, entry, session, dataframe=dataframe, attempt=n)
+        )
     if backend != "local":
         raise ConfigError(f"backend={backend!r} is not one of: local, spark")
     if topology is None:
@@ -84,10 +102,42 @@ def launch(
         timeout=timeout,
         log_ranks=log_ranks,
         return_all=return_all,
+        max_restarts=max_restarts,
+        hang_timeout=hang_timeout,
     )
-    if dataframe is not None:
-        from sparktrain.backends.local_data import local_shares
+    return _with_restarts(plan, _local_attempt(plan, entry, dataframe))
 
+
+def _local_attempt(plan: LaunchPlan, entry: Entrypoint, dataframe: Any) -> Attempt:
+    if dataframe is None:
+        return lambda n: run_local(plan, entry, attempt=n)
+    from sparktrain.backends.local_data import local_shares
+
+    def attempt(n: int) -> RunResult:
         with local_shares(dataframe, plan.world_size) as paths:
-            return run_local(plan, entry, data_paths=paths)
-    return run_local(plan, entry)
+            return run_local(plan, entry, data_paths=paths, attempt=n)
+
+    return attempt
+
+
+def _with_restarts(plan: LaunchPlan, attempt: Attempt) -> RunResult:
+    """Run attempts until one succeeds or ``plan.max_restarts`` restarts are used up."""
+    number = 0
+    while True:
+        try:
+            return attempt(number)
+        except TrainingTimeoutError:
+            raise
+        except (TrainingFailedError, SparkJobError) as error:
+            if number >= plan.max_restarts:
+                if isinstance(error, TrainingFailedError):
+                    error.attempts = number + 1
+                raise
+            number += 1
+            first = str(error).splitlines()[0]
+            print(
+                f"sparktrain: {first}; restarting every rank "
+                f"(attempt {number + 1} of {plan.max_restarts + 1})",
+                file=sys.stderr,
+                flush=True,
+            )

@@ -34,6 +34,9 @@ class LaunchPlan:
         log_ranks: Ranks whose output is shown, or ``None`` for all.
         return_all: Whether every rank's return value comes back (else rank 0's only).
         stop_grace: Seconds between SIGTERM and SIGKILL when ranks are stopped.
+        max_restarts: How many times the whole group is started again after a failure.
+        hang_timeout: Seconds without progress from any rank (output or ``report()``) after
+            which the run is declared hung, or ``None``.
     """
 
     world_size: int
@@ -47,6 +50,8 @@ class LaunchPlan:
     log_ranks: frozenset[int] | None = None
     return_all: bool = False
     stop_grace: float = 3.0
+    max_restarts: int = 0
+    hang_timeout: float | None = None
 
     def shows(self, rank: int) -> bool:
         """Whether ``rank``'s output is shown to the caller."""
@@ -80,6 +85,24 @@ def _check_timeout(timeout: object) -> float | None:
     if math.isinf(timeout):
         return None
     return float(timeout)
+
+
+def _check_restarts(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(
+            f"max_restarts={value!r} must be a whole number >= 0 (0: fail at the first failure)."
+        )
+    return value
+
+
+def _check_hang_timeout(value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(
+            f"hang_timeout={value!r} must be a positive number of seconds, or None to not watch."
+        )
+    return float(value)
 
 
 def _check_log_ranks(log_ranks: Collection[int] | None, world_size: int) -> frozenset[int] | None:
@@ -149,6 +172,8 @@ def make_cluster_plan(
     timeout: object = None,
     log_ranks: Collection[int] | None = None,
     return_all: bool = False,
+    max_restarts: object = 0,
+    hang_timeout: object = None,
 ) -> LaunchPlan:
     """Lay out a run over cluster tasks: one rank per task on CPU, one per GPU of a task on GPU.
 
@@ -194,6 +219,8 @@ def make_cluster_plan(
         timeout=_check_timeout(timeout),
         log_ranks=_check_log_ranks(log_ranks, world_size),
         return_all=bool(return_all),
+        max_restarts=_check_restarts(max_restarts),
+        hang_timeout=_check_hang_timeout(hang_timeout),
     )
 
 
@@ -205,6 +232,8 @@ def make_plan(
     timeout: object = None,
     log_ranks: Collection[int] | None = None,
     return_all: bool = False,
+    max_restarts: object = 0,
+    hang_timeout: object = None,
 ) -> LaunchPlan:
     """Validate the caller's intent against ``topology`` and lay out a single-node run.
 
@@ -215,6 +244,8 @@ def make_plan(
         timeout: Seconds before the run is stopped, or ``None``.
         log_ranks: Ranks whose output to show, or ``None`` for all.
         return_all: Bring back every rank's return value, not only rank 0's.
+        max_restarts: Restarts of the whole group allowed after a failure.
+        hang_timeout: Seconds without progress before the run is declared hung.
 
     Raises:
         ConfigError: A value is out of range; the message says which and what to pass instead.
@@ -233,4 +264,6 @@ def make_plan(
         timeout=_check_timeout(timeout),
         log_ranks=_check_log_ranks(log_ranks, world_size),
         return_all=bool(return_all),
+        max_restarts=_check_restarts(max_restarts),
+        hang_timeout=_check_hang_timeout(hang_timeout),
     )

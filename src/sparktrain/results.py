@@ -11,13 +11,20 @@ import pickle
 import re
 import signal
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import cloudpickle
 
 from sparktrain.agent import NodeOutcome
-from sparktrain.errors import ConfigError, RankFailure, TrainingFailedError, TrainingTimeoutError
+from sparktrain.errors import (
+    ConfigError,
+    HangError,
+    RankFailure,
+    StackSite,
+    TrainingFailedError,
+    TrainingTimeoutError,
+)
 from sparktrain.worker import error_path, result_path
 
 _SECONDARY = re.compile(
@@ -122,6 +129,9 @@ class NodeReport:
         values: Pickled return values of the ranks asked for, by rank.
         running_at_timeout: Ranks still running when the timeout passed.
         gpus: GPU addresses the node's ranks owned.
+        hung: Whether the node's ranks made no progress for ``hang_timeout``.
+        hang_sites: Where each hung rank waited.
+        hang_silent: Hung ranks that gave no stack.
         setup_errors: Why the node's ranks were not started (bad GPU addresses, ...), as told
             by every node, so that all nodes agree.
     """
@@ -135,6 +145,9 @@ class NodeReport:
     running_at_timeout: tuple[int, ...] = ()
     gpus: tuple[str, ...] = ()
     setup_errors: tuple[str, ...] = ()
+    hung: bool = False
+    hang_sites: Mapping[int, StackSite] = field(default_factory=dict)
+    hang_silent: tuple[int, ...] = ()
 
 
 def node_report(
@@ -174,11 +187,19 @@ def node_report(
         values=values,
         running_at_timeout=outcome.running_at_timeout,
         gpus=gpus,
+        hung=outcome.hung,
+        hang_sites=dict(outcome.hang_sites),
+        hang_silent=outcome.hang_silent,
     )
 
 
 def finish(
-    reports: Sequence[NodeReport], *, world_size: int, timeout: float | None, duration: float
+    reports: Sequence[NodeReport],
+    *,
+    world_size: int,
+    timeout: float | None,
+    duration: float,
+    hang_timeout: float | None = None,
 ) -> RunResult:
     """Merge every node's report into the caller's result, or raise the run's one error."""
     setup = sorted({e for report in reports for e in report.setup_errors})
@@ -190,6 +211,10 @@ def finish(
         victims = {r for report in reports for r in report.stopped} | set(failures)
         victims.discard(culprit.rank)
         raise TrainingFailedError(culprit, tuple(sorted(victims)), failures)
+    if any(report.hung for report in reports):
+        sites = {r: site for report in reports for r, site in report.hang_sites.items()}
+        silent = tuple(sorted(r for report in reports for r in report.hang_silent))
+        raise HangError(hang_timeout or 0.0, sites, silent)
     running = tuple(sorted(r for report in reports for r in report.running_at_timeout))
     if running:
         done = tuple(sorted(set(range(world_size)) - set(running)))

@@ -64,12 +64,12 @@ class ForkServer:
         return self.sock.fileno()
 
     def spawn(self, key: int, request: Any, fds: Sequence[int]) -> None:
-        """Ask for a rank to be forked; ``fds``: its stdout, stderr and optional listen socket."""
+        """Ask for a rank to be forked; ``fds``: stdout, stderr, report pipe, [listen socket]."""
         self._send({"op": "spawn", "key": key, "request": request}, fds)
 
-    def signal(self, pid: int, sig: int) -> None:
-        """Send ``sig`` to the process group of a rank the server started."""
-        self._send({"op": "signal", "pid": pid, "sig": sig}, ())
+    def signal(self, pid: int, sig: int, *, group: bool = True) -> None:
+        """Send ``sig`` to a rank the server started: its whole process group, or it alone."""
+        self._send({"op": "signal", "pid": pid, "sig": sig, "group": group}, ())
 
     def receive(self) -> dict[str, Any]:
         """Read one event; raises :class:`ForkServerError` if the server is gone."""

@@ -33,6 +33,7 @@ import cloudpickle
 from sparktrain.entrypoint import ScriptEntry
 
 _PR_SET_PDEATHSIG = 1
+_stack_file: Any = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,6 +51,8 @@ class RankRequest:
         keep_value: Whether to write the return value back.
         store_timeout: Seconds the rendezvous store waits for peers.
         data_path: The rank's share of a DataFrame (Arrow IPC file), or ``None``.
+        hang_timeout: The run's ``hang_timeout``: collectives get a longer timeout than it, so
+            that the agent, not a collective, notices a hang first.
     """
 
     rank: int
@@ -62,6 +65,7 @@ class RankRequest:
     keep_value: bool
     store_timeout: float = 1800.0
     data_path: str | None = None
+    hang_timeout: float | None = None
 
 
 def payload_path(run_dir: str) -> Path:
@@ -77,6 +81,16 @@ def result_path(run_dir: str, rank: int) -> Path:
 def error_path(run_dir: str, rank: int) -> Path:
     """Where ``rank`` leaves its failure record."""
     return Path(run_dir) / f"rank-{rank}.error"
+
+
+def stack_path(run_dir: str, rank: int) -> Path:
+    """Where ``rank`` dumps its Python stacks on SIGUSR1."""
+    return Path(run_dir) / f"rank-{rank}.stack"
+
+
+def collective_timeout(hang_timeout: float) -> float:
+    """Seconds a collective may wait when ``hang_timeout`` is set (longer, so ours fires first)."""
+    return hang_timeout + max(10.0, hang_timeout / 2)
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -106,12 +120,20 @@ def _become_caller(req: RankRequest) -> None:
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
             reconfigure(line_buffering=True)
-    faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+    global _stack_file  # noqa: PLW0603 - kept open for faulthandler for the rank's lifetime
+    _stack_file = open(stack_path(req.run_dir, req.rank), "w")  # noqa: SIM115
+    faulthandler.register(signal.SIGUSR1, file=_stack_file, all_threads=True, chain=False)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     if req.threads is not None:
         import torch
 
         torch.set_num_threads(req.threads)
+    if req.hang_timeout is not None:
+        from torch.distributed import distributed_c10d
+
+        wait = datetime.timedelta(seconds=collective_timeout(req.hang_timeout))
+        distributed_c10d.default_pg_timeout = wait
+        distributed_c10d.default_pg_nccl_timeout = wait  # type: ignore[attr-defined]
 
 
 def _host_store(req: RankRequest, listen_fd: int) -> Any:
@@ -209,12 +231,15 @@ def exit_rank(code: int) -> None:
         os._exit(code)
 
 
-def run_rank(req: RankRequest, listen_fd: int | None) -> int:
+def run_rank(req: RankRequest, report_fd: int, listen_fd: int | None) -> int:
     """Run one rank to the end; return its exit code (0: value written, 1: failure written)."""
     store = None
     try:
         _die_with_parent()
         _become_caller(req)
+        from sparktrain import progress
+
+        progress.attach(report_fd)
         if req.data_path is not None:
             from sparktrain.data import shard
 

@@ -43,6 +43,7 @@ def _requests(
     base: dict[str, str],
     *,
     data_paths: list[str] | None,
+    attempt: int,
 ) -> list[RankRequest]:
     run_id = uuid.uuid4().hex[:12]
     threads = None if env.user_set_threads(base) else plan.threads_per_rank
@@ -61,6 +62,8 @@ def _requests(
             run_id=run_id,
             visible_devices=plan.gpus if plan.device == "cuda" else None,
             threads=plan.threads_per_rank,
+            restart=attempt,
+            max_restarts=plan.max_restarts,
         )
         requests.append(
             RankRequest(
@@ -73,6 +76,7 @@ def _requests(
                 threads=threads,
                 keep_value=rank in keep and isinstance(entry, FunctionEntry),
                 data_path=data_paths[rank] if data_paths else None,
+                hang_timeout=plan.hang_timeout,
             )
         )
     return requests
@@ -84,6 +88,7 @@ def run_local(
     *,
     sink: LogSink | None = None,
     data_paths: list[str] | None = None,
+    attempt: int = 0,
 ) -> RunResult:
     """Run ``entry`` on ``plan.world_size`` ranks on this machine; see :func:`sparktrain.launch`."""
     started = time.monotonic()
@@ -94,11 +99,19 @@ def run_local(
             payload_path(run_dir).write_bytes(entry.payload)
         base = env.caller_environ()
         port = listener.getsockname()[1]
-        requests = _requests(plan, entry, run_dir, port, base, data_paths=data_paths)
+        requests = _requests(
+            plan, entry, run_dir, port, base, data_paths=data_paths, attempt=attempt
+        )
         sink = sink or LogSink(plan.log_ranks)
         server = warm.acquire(base)
         agent = NodeAgent(
-            server, requests, sink, listen=listener, timeout=plan.timeout, grace=plan.stop_grace
+            server,
+            requests,
+            sink,
+            listen=listener,
+            timeout=plan.timeout,
+            grace=plan.stop_grace,
+            hang_timeout=plan.hang_timeout,
         )
         try:
             outcome = agent.run()
@@ -118,6 +131,7 @@ def run_local(
             world_size=plan.world_size,
             timeout=plan.timeout,
             duration=time.monotonic() - started,
+            hang_timeout=plan.hang_timeout,
         )
     finally:
         listener.close()

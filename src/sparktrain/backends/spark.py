@@ -26,7 +26,7 @@ import cloudpickle
 from sparktrain.backends.spark_task import TaskSpec, run_node
 from sparktrain.channel import ChannelServer
 from sparktrain.entrypoint import Entrypoint, FunctionEntry, ScriptEntry
-from sparktrain.errors import ConfigError
+from sparktrain.errors import ConfigError, SparkJobError
 from sparktrain.layout import ClusterFacts, LaunchPlan
 from sparktrain.logs import LogSink
 from sparktrain.results import NodeReport, RunResult, finish
@@ -36,10 +36,6 @@ SCHEMA = "node long, report binary"
 CANCEL_AFTER = 15.0
 #: After the job ends, how long to wait for log lines still in flight.
 DRAIN_SECONDS = 5.0
-
-
-class SparkJobError(RuntimeError):
-    """The barrier job itself failed (an executor was lost, the job was cancelled...)."""
 
 
 def active_session() -> Any:
@@ -199,7 +195,7 @@ def _bind(fn: Any, spec: TaskSpec) -> Any:
 
 
 def run_spark(
-    plan: LaunchPlan, entry: Entrypoint, session: Any, *, dataframe: Any = None
+    plan: LaunchPlan, entry: Entrypoint, session: Any, *, dataframe: Any = None, attempt: int = 0
 ) -> RunResult:
     """Run ``entry`` on ``plan.nodes`` barrier tasks of ``session``'s cluster."""
     started = time.monotonic()
@@ -220,6 +216,9 @@ def run_spark(
         log_ranks=plan.log_ranks,
         keep=keep if isinstance(entry, FunctionEntry) else frozenset(),
         with_data=dataframe is not None,
+        hang_timeout=plan.hang_timeout,
+        restart=attempt,
+        max_restarts=plan.max_restarts,
     )
     if dataframe is None:
         frame, fallback = session.range(0, plan.nodes, 1, plan.nodes), None
@@ -235,6 +234,7 @@ def run_spark(
         world_size=plan.world_size,
         timeout=plan.timeout,
         duration=time.monotonic() - started,
+        hang_timeout=plan.hang_timeout,
     )
 
 

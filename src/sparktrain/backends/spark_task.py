@@ -54,6 +54,9 @@ class TaskSpec:
         log_ranks: Ranks whose lines are sent to the driver (``None``: all).
         keep: Ranks whose return values come back.
         with_data: Whether the task's input rows are the ranks' DataFrame shares.
+        hang_timeout: Seconds without progress before the node's ranks are declared hung.
+        restart: The attempt number (0 at first).
+        max_restarts: Restarts the run allows.
     """
 
     channel: tuple[str, int]
@@ -70,6 +73,9 @@ class TaskSpec:
     log_ranks: frozenset[int] | None
     keep: frozenset[int]
     with_data: bool
+    hang_timeout: float | None = None
+    restart: int = 0
+    max_restarts: int = 0
 
 
 class ChannelSink(LogSink):
@@ -123,6 +129,8 @@ def _requests(
             run_id=spec.run_id,
             visible_devices=gpus if spec.use_gpu else None,
             threads=spec.threads,
+            restart=spec.restart,
+            max_restarts=spec.max_restarts,
         )
         requests.append(
             RankRequest(
@@ -135,6 +143,7 @@ def _requests(
                 threads=None if env.user_set_threads(base) else spec.threads,
                 keep_value=rank in spec.keep,
                 data_path=os.path.join(run_dir, f"share-{rank}.arrow") if spec.with_data else None,
+                hang_timeout=spec.hang_timeout,
             )
         )
     return requests
@@ -235,6 +244,7 @@ def _supervise(
             grace=spec.grace,
             control=channel,
             on_exit=on_exit,
+            hang_timeout=spec.hang_timeout,
         )
         try:
             outcome = agent.run()

@@ -35,6 +35,8 @@ class TorchDistributor:
         *,
         timeout: float | None = None,
         log_ranks: Collection[int] | None = None,
+        max_restarts: int = 0,
+        hang_timeout: float | None = None,
     ) -> None:
         """Describe the run; input is checked here, before anything starts.
 
@@ -46,6 +48,9 @@ class TorchDistributor:
             use_gpu: ``True``, ``False``, or ``None`` for GPUs when CUDA is available.
             timeout: Seconds after which the run is stopped (``None``: no limit).
             log_ranks: Ranks whose output is shown (``None``: all).
+            max_restarts: After a failure, restart the whole group up to this many times.
+            hang_timeout: Seconds without progress (output or ``sparktrain.report()``) before
+                the run is declared hung and each rank's waiting line is reported.
 
         Raises:
             ConfigError: A value is out of range; the message says what to pass.
@@ -57,6 +62,8 @@ class TorchDistributor:
         self.use_gpu = use_gpu
         self.timeout = timeout
         self.log_ranks = log_ranks
+        self.max_restarts = max_restarts
+        self.hang_timeout = hang_timeout
         self._topology = None
         if local_mode:
             self._topology = detect_local(gpus=use_gpu is not False)
@@ -66,6 +73,8 @@ class TorchDistributor:
                 use_gpu=use_gpu,
                 timeout=timeout,
                 log_ranks=log_ranks,
+                max_restarts=max_restarts,
+                hang_timeout=hang_timeout,
             )
         else:
             from sparktrain.backends import spark
@@ -76,6 +85,8 @@ class TorchDistributor:
                 use_gpu=use_gpu,
                 timeout=timeout,
                 log_ranks=log_ranks,
+                max_restarts=max_restarts,
+                hang_timeout=hang_timeout,
             )
 
     def run(self, main: Any, *args: Any, **kwargs: Any) -> Any:
@@ -125,6 +136,8 @@ class TorchDistributor:
             use_gpu=self.use_gpu,
             timeout=self.timeout,
             log_ranks=self.log_ranks,
+            max_restarts=self.max_restarts,
+            hang_timeout=self.hang_timeout,
             topology=self._topology,
             backend="local" if self.local_mode else "spark",
             dataframe=df,

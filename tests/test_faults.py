@@ -1,0 +1,172 @@
+"""Injected faults on real processes: restarts that resume, atomic checkpoints, hangs located."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import sparktrain
+from sparktrain import HangError, TorchDistributor, TrainingFailedError, checkpoint, launch
+
+
+def resumable_train(ckpt_dir: str, epochs: int, kill_rank: int, kill_epoch: int) -> dict:
+    """The seeds' MLP with a checkpoint every epoch; ``kill_rank`` SIGKILLs itself once."""
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(784, 64), nn.ReLU(), nn.Linear(64, 10))
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(512, 784, generator=g)
+    data = TensorDataset(x, (x @ torch.randn(784, 10, generator=g)).argmax(1))
+    model = DDP(mlp)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    sampler = DistributedSampler(data, seed=0)
+    loader = DataLoader(data, batch_size=32, sampler=sampler)
+    start = 0
+    latest = checkpoint.load_latest(ckpt_dir)
+    if latest is not None:
+        mlp.load_state_dict(latest.state["model"])
+        optimizer.load_state_dict(latest.state["optimizer"])
+        start = latest.state["epoch"] + 1
+    print(f"attempt {sparktrain.restart_count()} starts at epoch {start}")
+    for epoch in range(start, epochs):
+        if rank == kill_rank and epoch == kill_epoch and sparktrain.restart_count() == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+        sampler.set_epoch(epoch)
+        for bx, by in loader:
+            loss = nn.functional.cross_entropy(model(bx), by)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        state = {"model": mlp.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}
+        checkpoint.save(state, ckpt_dir, step=epoch)
+    dist.destroy_process_group()
+    return {"params": mlp.state_dict(), "start": start, "restart": sparktrain.restart_count()}
+
+
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_restart_resumes_bit_for_bit(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    clean = launch(
+        resumable_train, (str(tmp_path / "clean"), 6, -1, -1), num_processes=2, use_gpu=False
+    ).value
+    faulty = TorchDistributor(2, True, False, max_restarts=1).run(
+        resumable_train, str(tmp_path / "faulty"), 6, 1, 3
+    )
+    assert (faulty["start"], faulty["restart"]) == (3, 1)  # resumed after epoch 2's checkpoint
+    assert _same(clean["params"], faulty["params"])  # bit for bit
+    err = capfd.readouterr().err
+    assert "rank 1 on" in err and "killed by SIGKILL" in err and "attempt 2 of 2" in err
+    assert checkpoint.latest_step(tmp_path / "faulty") == 5
+    assert len(list((tmp_path / "faulty").iterdir())) == 3  # keep=3
+
+
+def test_without_restarts_the_kill_is_named(tmp_path: Path) -> None:
+    with pytest.raises(TrainingFailedError) as info:
+        launch(resumable_train, (str(tmp_path), 6, 1, 1), num_processes=2, use_gpu=False)
+    assert info.value.culprit is not None and info.value.culprit.rank == 1
+    assert info.value.culprit.signal_name == "SIGKILL" and info.value.attempts == 1
+
+
+def _always_fails() -> None:
+    raise RuntimeError(f"attempt {sparktrain.restart_count()} failed")
+
+
+def test_last_attempt_is_reported_with_the_count() -> None:
+    with pytest.raises(TrainingFailedError) as info:
+        launch(_always_fails, num_processes=2, use_gpu=False, max_restarts=2)
+    assert info.value.attempts == 3
+    assert "RuntimeError: attempt 2 failed" in str(info.value)
+    assert "(attempt 3 of 3)" in str(info.value)
+
+
+CRASH_MID_WRITE = """
+import os, signal, sys, torch
+from sparktrain import checkpoint
+directory = sys.argv[1]
+checkpoint.save({"w": torch.arange(4.0)}, directory, step=1)
+real_save = torch.save
+def dying_save(obj, f, *args, **kwargs):
+    f.write(b"half a checkpoint")
+    f.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+torch.save = dying_save
+checkpoint.save({"w": torch.zeros(4)}, directory, step=2)
+"""
+
+
+def test_crash_mid_write_keeps_previous_checkpoint(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", CRASH_MID_WRITE, str(tmp_path)], capture_output=True, check=False
+    )
+    assert done.returncode == -signal.SIGKILL
+    assert any(p.name.startswith(".step-00000002") for p in tmp_path.iterdir())  # the wreck
+    latest = checkpoint.load_latest(tmp_path)
+    assert latest is not None and latest.step == 1
+    assert torch.equal(latest.state["w"], torch.arange(4.0))
+    checkpoint.save({"w": torch.ones(4)}, tmp_path, step=2)  # the next save cleans up
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000001", "step-00000002"]
+
+
+def _deadlock() -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    t = torch.ones(1)
+    print("entering the collectives")
+    if dist.get_rank() == 0:
+        dist.all_reduce(t)  # LINE-ALL-REDUCE
+    else:
+        dist.recv(t, src=0)  # rank 1 skipped the all_reduce: LINE-RECV
+
+
+def _line_of(marker: str) -> int:
+    lines = Path(__file__).read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if line.rstrip().endswith(marker))
+
+
+def test_deadlock_is_detected_and_located() -> None:
+    started = time.monotonic()
+    with pytest.raises(HangError) as info:
+        launch(_deadlock, num_processes=2, use_gpu=False, hang_timeout=4)
+    elapsed = time.monotonic() - started
+    sites = info.value.sites
+    assert sites[0].user_line == _line_of("# LINE-ALL-REDUCE") and "all_reduce" in str(info.value)
+    assert sites[1].user_line == _line_of("LINE-RECV") and sites[1].user_function == "_deadlock"
+    assert f"test_faults.py:{_line_of('LINE-RECV')}" in str(info.value)
+    assert elapsed < 4 + 15
+    print(info.value)
+
+
+def _reporting_loop(seconds: float) -> int:
+    end = time.monotonic() + seconds
+    step = 0
+    while time.monotonic() < end:
+        time.sleep(0.2)
+        step += 1
+        sparktrain.report(step=step)
+    return step
+
+
+def test_reports_count_as_progress() -> None:
+    assert launch(_reporting_loop, (3.0,), num_processes=1, use_gpu=False, hang_timeout=1).value > 5
+
+
+@pytest.mark.parametrize(("option", "value"), [("max_restarts", -1), ("hang_timeout", 0)])
+def test_bad_fault_options(option: str, value: object) -> None:
+    with pytest.raises(sparktrain.ConfigError, match=option):
+        launch(print, num_processes=1, use_gpu=False, **{option: value})  # type: ignore[arg-type]

@@ -114,7 +114,7 @@ def test_crash_mid_write_keeps_previous_checkpoint(tmp_path: Path) -> None:
         [sys.executable, "-c", CRASH_MID_WRITE, str(tmp_path)], capture_output=True, check=False
     )
     assert done.returncode == -signal.SIGKILL
-    assert any(p.name.startswith(".step-00000002") for p in tmp_path.iterdir())  # the wreck
+    assert any(p.name.startswith(".step-00000002.tmp") for p in tmp_path.iterdir())  # the wreck
     latest = checkpoint.load_latest(tmp_path)
     assert latest is not None and latest.step == 1
     assert torch.equal(latest.state["w"], torch.arange(4.0))
@@ -170,3 +170,15 @@ def test_reports_count_as_progress() -> None:
 def test_bad_fault_options(option: str, value: object) -> None:
     with pytest.raises(sparktrain.ConfigError, match=option):
         launch(print, num_processes=1, use_gpu=False, **{option: value})  # type: ignore[arg-type]
+
+
+def _save_without_process_group(folder: str) -> list[str]:
+    checkpoint.save({"rank": int(os.environ["RANK"])}, folder, step=0)
+    return sorted(p.name for p in Path(folder).iterdir())
+
+
+def test_only_rank_zero_writes_without_a_process_group(tmp_path: Path) -> None:
+    launch(_save_without_process_group, (str(tmp_path),), num_processes=2, use_gpu=False)
+    latest = checkpoint.load_latest(tmp_path)
+    assert latest is not None and latest.state == {"rank": 0}
+    assert [p.name for p in tmp_path.iterdir()] == ["step-00000000"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -218,3 +219,55 @@ def test_kill_and_restart_on_spark(spark: object, tmp_path: Path) -> None:
     )
     assert (faulty["start"], faulty["restart"]) == (2, 1)
     assert all(torch.equal(clean["params"][k], faulty["params"][k]) for k in clean["params"])
+
+
+SPARK_CALLER = """
+import os, sys, time
+from pathlib import Path
+from pyspark.sql import SparkSession
+from sparktrain import TorchDistributor
+
+def hang(folder):
+    Path(folder, os.environ["RANK"]).write_text(str(os.getpid()))
+    time.sleep(600)
+
+if __name__ == "__main__":
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    spark = (
+        SparkSession.builder.master("local-cluster[2,1,1024]")
+        .config("spark.executor.memory", "512m").config("spark.ui.enabled", "false")
+        .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+        .getOrCreate()
+    )
+    TorchDistributor(2, False, False).run(hang, sys.argv[1])
+"""
+
+
+def test_caller_killed_leaves_no_rank_on_executors(spark: object, tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import time
+
+    script = tmp_path / "caller.py"
+    script.write_text(SPARK_CALLER)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    caller = subprocess.Popen(
+        [sys.executable, str(script), str(pids)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(pids.iterdir())) < 2:
+            assert time.monotonic() < deadline and caller.poll() is None, "ranks did not start"
+            time.sleep(0.2)
+        time.sleep(0.5)
+        ranks = [int(p.read_text()) for p in pids.iterdir()]
+        caller.kill()  # SIGKILL: no cleanup code of the caller runs
+        caller.wait()
+        assert wait_gone(ranks, within=10.0) == []
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(caller.pid, signal.SIGKILL)  # the caller's JVMs, whatever happened

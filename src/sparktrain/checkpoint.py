@@ -115,9 +115,14 @@ def save(
         raise ValueError(f"step={step!r} must be a whole number >= 0")
     root = Path(directory)
     final = root / f"step-{step:08d}"
-    tmp = root / f".step-{step:08d}.tmp"
     dist = _dist()
-    rank = dist.get_rank() if dist else 0
+    # Without a process group, the rank comes from the torch contract (RANK), so that only
+    # rank 0 writes even when every rank calls save.
+    rank = dist.get_rank() if dist else int(os.environ.get("RANK", "0") or "0")
+    if sharded and dist is None:
+        raise ValueError("save(..., sharded=True) needs an initialised process group")
+    # Shards of every rank go to one shared folder; a full state to one private to its writer.
+    tmp = root / (f".step-{step:08d}.tmp" if sharded else f".step-{step:08d}.tmp-{os.getpid()}")
     if rank == 0:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)

@@ -63,3 +63,38 @@ def test_rogue_bytes_and_silent_peers_do_not_block_agents() -> None:
         client.close()
     finally:
         server.close()
+
+
+def test_close_stops_listening() -> None:
+    server = ChannelServer("127.0.0.1", b"c" * 32)
+    server.close()
+    time.sleep(0.1)
+    with socket.socket() as probe:
+        assert probe.connect_ex(server.address) != 0
+
+
+def test_late_agent_still_hears_stop() -> None:
+    server = ChannelServer("127.0.0.1", b"l" * 32)
+    try:
+        server.broadcast({"op": "stop"})  # nobody connected yet
+        client = ChannelClient(server.address, b"l" * 32)
+        assert client.stop_requested()
+        client.close()
+    finally:
+        server.close()
+
+
+def test_injected_frame_is_refused() -> None:
+    import struct
+
+    server = ChannelServer("127.0.0.1", b"i" * 32)
+    try:
+        client = ChannelClient(server.address, b"i" * 32)
+        # bytes written on the authenticated stream without the secret's signature
+        client._sock.sendall(struct.pack("!I", 3) + b"\x00" * 32 + b"bad")
+        client.send({"kind": "after"})
+        time.sleep(0.3)
+        assert server.messages.empty()  # the connection was dropped at the forged frame
+        client.close()
+    finally:
+        server.close()

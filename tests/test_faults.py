@@ -166,6 +166,16 @@ def test_reports_count_as_progress() -> None:
     assert launch(_reporting_loop, (3.0,), num_processes=1, use_gpu=False, hang_timeout=1).value > 5
 
 
+def test_errors_survive_pickling() -> None:
+    import pickle
+
+    with pytest.raises(TrainingFailedError) as info:
+        launch(_always_fails, num_processes=1, use_gpu=False)
+    copy = pickle.loads(pickle.dumps(info.value))
+    assert type(copy) is TrainingFailedError and copy.culprit == info.value.culprit
+    assert str(copy) == str(info.value)
+
+
 @pytest.mark.parametrize(("option", "value"), [("max_restarts", -1), ("hang_timeout", 0)])
 def test_bad_fault_options(option: str, value: object) -> None:
     with pytest.raises(sparktrain.ConfigError, match=option):
@@ -173,6 +183,8 @@ def test_bad_fault_options(option: str, value: object) -> None:
 
 
 def _save_without_process_group(folder: str) -> list[str]:
+    if os.environ["RANK"] == "1":
+        time.sleep(1.0)  # if rank 1 wrongly wrote, its write would be the one that stays
     checkpoint.save({"rank": int(os.environ["RANK"])}, folder, step=0)
     return sorted(p.name for p in Path(folder).iterdir())
 

@@ -71,7 +71,6 @@ class NodeOutcome:
     hung: bool = False
     hang_sites: dict[int, StackSite] = field(default_factory=dict)
     hang_silent: tuple[int, ...] = ()
-    last_reports: dict[int, bytes] = field(default_factory=dict)
 
 
 class NodeAgent:
@@ -120,6 +119,7 @@ class NodeAgent:
         self._signalled: set[int] = set()
         self._kill_at: float | None = None
         self._expected = 0  # ranks whose spawn request reached the server
+        self._abandoned = False  # a spawn failed half-way: the server is closed at the end
         self._selector = selectors.DefaultSelector()
 
     def run(self) -> NodeOutcome:
@@ -128,9 +128,10 @@ class NodeAgent:
             self._start()
             self._loop()
         except KeyboardInterrupt:
-            self.stop()
-            with contextlib.suppress(KeyboardInterrupt):
-                self._loop()
+            if not self._abandoned:
+                self.stop()
+                with contextlib.suppress(KeyboardInterrupt):
+                    self._loop()
             raise
         finally:
             self._close()
@@ -140,6 +141,7 @@ class NodeAgent:
         """Ask every rank still running to stop (SIGTERM now, SIGKILL after the grace period)."""
         if self.outcome.stop_time is None:
             self.outcome.stop_time = time.time()
+        if self._kill_at is None and self._running():  # (re-)armed for ranks spawned late
             self._kill_at = time.monotonic() + self.grace
         for rank, pid in self._pids.items():
             if rank not in self.outcome.exits and rank not in self._signalled:
@@ -151,21 +153,23 @@ class NodeAgent:
         if self.control is not None:
             self._selector.register(self.control.fileno(), selectors.EVENT_READ, "control")
         for request in self.requests:
-            out_r, out_w = os.pipe()
-            err_r, err_w = os.pipe()
-            rep_r, rep_w = os.pipe()
-            fds = [out_w, err_w, rep_w]
+            pipes = [os.pipe() for _ in range(3)]  # stdout, stderr, report: (read, write)
+            fds = [w for _, w in pipes]
             if request.rank == 0 and self.listen is not None:
                 fds.append(self.listen.fileno())
+            for (r, _), stream in zip(pipes, ("stdout", "stderr", "report"), strict=True):
+                self._selector.register(r, selectors.EVENT_READ, (request.rank, stream))
             try:
                 self.server.spawn(request.rank, request, fds)
                 self._expected += 1
+            except BaseException:
+                # Unknown whether the server got the request (Ctrl-C mid-send): give up on this
+                # server; closing it kills whatever it started.
+                self._abandoned = True
+                raise
             finally:
-                for fd in (out_w, err_w, rep_w):
-                    os.close(fd)
-            self._selector.register(out_r, selectors.EVENT_READ, (request.rank, "stdout"))
-            self._selector.register(err_r, selectors.EVENT_READ, (request.rank, "stderr"))
-            self._selector.register(rep_r, selectors.EVENT_READ, (request.rank, "report"))
+                for _, w in pipes:
+                    os.close(w)
         self._last_progress = time.monotonic()
         if self.listen is not None:
             self.listen.close()
@@ -226,9 +230,7 @@ class NodeAgent:
         data = os.read(fd, 1 << 16)
         if data:
             self._last_progress = time.monotonic()
-            if stream == "report":
-                self.outcome.last_reports[rank] = data.rsplit(b"\n", 2)[-2:][0]
-            else:
+            if stream != "report":  # reports only count as progress (for now)
                 self.sink.feed(rank, stream, data)  # type: ignore[arg-type]
             return
         self._selector.unregister(fd)
@@ -290,6 +292,6 @@ class NodeAgent:
         self._selector.close()
         if self.listen is not None:
             self.listen.close()
-        if len(self.outcome.exits) < self._expected:
+        if self._abandoned or len(self.outcome.exits) < self._expected:
             # Ranks we could not see exit: closing the server kills them all.
             self.server.close()

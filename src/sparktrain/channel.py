@@ -3,12 +3,17 @@
 Each job has its own random secret. A connection proves it knows the secret with an HMAC
 challenge-response in both directions before any message is read, under a handshake timeout,
 so a rogue or silent connection is refused (and logged) without ever reaching the unpickler or
-blocking the others. Messages are length-prefixed pickled dicts. Connections carry TCP
-keepalive and have no idle timeout: a job that prints nothing for minutes keeps its channel.
+blocking the others. Every later frame carries an HMAC over its direction, its sequence number
+and its bytes, checked before unpickling, so bytes injected into or replayed on the stream are
+refused too. Messages are length-prefixed pickled dicts. Connections carry TCP keepalive and no
+idle timeout: a job that prints nothing for minutes keeps its channel. An agent's send that
+cannot progress for :data:`SEND_TIMEOUT` seconds (a stalled driver) breaks its channel, and the
+node then stops its ranks rather than block its event loop.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import hmac
@@ -24,6 +29,7 @@ from typing import Any
 log = logging.getLogger("sparktrain.channel")
 
 HANDSHAKE_TIMEOUT = 10.0
+SEND_TIMEOUT = 60.0
 _NONCE = 32
 _HEADER = struct.Struct("!I")
 _MAX_FRAME = 256 << 20
@@ -48,19 +54,38 @@ def _recv_exact(sock: socket.socket, size: int) -> bytes:
     return b"".join(chunks)
 
 
-def send_frame(sock: socket.socket, message: dict[str, Any]) -> None:
-    """Send one message."""
-    data = pickle.dumps(message)
-    sock.sendall(_HEADER.pack(len(data)) + data)
+class _Framed:
+    """One authenticated connection: frames signed with the secret and a sequence number."""
 
+    def __init__(self, sock: socket.socket, secret: bytes, *, sends: bytes, receives: bytes):
+        self.sock = sock
+        self._secret = secret
+        self._labels = (sends, receives)
+        self._counts = [0, 0]
+        self._lock = threading.Lock()
 
-def recv_frame(sock: socket.socket) -> dict[str, Any]:
-    """Receive one message (only call on an authenticated socket)."""
-    (size,) = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
-    if size > _MAX_FRAME:
-        raise ChannelError(f"frame of {size} bytes is too large")
-    message: dict[str, Any] = pickle.loads(_recv_exact(sock, size))
-    return message
+    def _sign(self, which: int, data: bytes) -> bytes:
+        count = self._counts[which].to_bytes(8, "big")
+        self._counts[which] += 1
+        return _mac(self._secret, self._labels[which] + count, data)
+
+    def send(self, message: dict[str, Any]) -> None:
+        """Send one message."""
+        data = pickle.dumps(message)
+        with self._lock:
+            self.sock.sendall(_HEADER.pack(len(data)) + self._sign(0, data) + data)
+
+    def receive(self) -> dict[str, Any]:
+        """Receive one message; raises :class:`ChannelError` if it is not signed by the peer."""
+        (size,) = _HEADER.unpack(_recv_exact(self.sock, _HEADER.size))
+        if size > _MAX_FRAME:
+            raise ChannelError(f"frame of {size} bytes is too large")
+        mac = _recv_exact(self.sock, 32)
+        data = _recv_exact(self.sock, size)
+        if not hmac.compare_digest(mac, self._sign(1, data)):
+            raise ChannelError("a frame was not signed with this job's secret")
+        message: dict[str, Any] = pickle.loads(data)
+        return message
 
 
 def _keepalive(sock: socket.socket) -> None:
@@ -95,17 +120,21 @@ class ChannelServer:
         self._listener = socket.create_server((host, 0))
         self.address: tuple[str, int] = (host, self._listener.getsockname()[1])
         self.messages: queue.Queue[dict[str, Any]] = queue.Queue()
-        self.refused: list[str] = []
-        self._peers: list[socket.socket] = []
+        self.refused: collections.deque[str] = collections.deque(maxlen=100)
+        self._peers: list[_Framed] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._stop_sent = False
         threading.Thread(target=self._accept_loop, name="sparktrain-channel", daemon=True).start()
 
     def _accept_loop(self) -> None:
-        while not self._closed:
+        while True:
             try:
                 sock, peer = self._listener.accept()
             except OSError:
+                return
+            if self._closed:  # close() raced with this accept
+                sock.close()
                 return
             threading.Thread(target=self._serve, args=(sock, peer), daemon=True).start()
 
@@ -120,37 +149,47 @@ class ChannelServer:
             sock.close()
             return
         _keepalive(sock)
+        framed = _Framed(sock, self.secret, sends=b"s2c", receives=b"c2s")
         with self._lock:
-            self._peers.append(sock)
+            self._peers.append(framed)
+            late = self._stop_sent
+        if late:  # it connected after the stop went out: it must hear it too
+            with contextlib.suppress(OSError):
+                framed.send({"op": "stop"})
         try:
             while True:
-                self.messages.put(recv_frame(sock))
-        except (ChannelError, OSError, EOFError, pickle.UnpicklingError):
-            pass
+                self.messages.put(framed.receive())
+        except (ChannelError, OSError, EOFError, pickle.UnpicklingError) as exc:
+            if isinstance(exc, ChannelError) and not self._closed:
+                log.warning("sparktrain dropped a connection from %s: %s", peer, exc)
         finally:
             with self._lock:
-                if sock in self._peers:
-                    self._peers.remove(sock)
+                if framed in self._peers:
+                    self._peers.remove(framed)
             sock.close()
 
     def broadcast(self, message: dict[str, Any]) -> None:
         """Send ``message`` to every connected agent (ignores agents that are gone)."""
         with self._lock:
             peers = list(self._peers)
-        for sock in peers:
+            if message.get("op") == "stop":
+                self._stop_sent = True
+        for peer in peers:
             with contextlib.suppress(OSError):
-                send_frame(sock, message)
+                peer.send(message)
 
     def close(self) -> None:
         """Stop listening and drop every connection."""
         self._closed = True
+        with contextlib.suppress(OSError):  # wakes the accepting thread; close() alone does not
+            self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
         with self._lock:
             peers, self._peers = self._peers, []
-        for sock in peers:
+        for peer in peers:
             with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
+                peer.sock.shutdown(socket.SHUT_RDWR)
+            peer.sock.close()
 
 
 class ChannelClient:
@@ -164,23 +203,30 @@ class ChannelClient:
         except BaseException:
             self._sock.close()
             raise
-        self._sock.settimeout(None)
+        self._sock.settimeout(SEND_TIMEOUT)
         _keepalive(self._sock)
-        self._lock = threading.Lock()
+        self._framed = _Framed(self._sock, secret, sends=b"c2s", receives=b"s2c")
+        self.broken = False
 
     def send(self, message: dict[str, Any]) -> None:
-        """Send one message; a broken channel is ignored (the run goes on)."""
-        with self._lock, contextlib.suppress(OSError):
-            send_frame(self._sock, message)
+        """Send one message; a broken channel is noted (the node then stops) and not raised."""
+        if self.broken:
+            return
+        try:
+            self._framed.send(message)
+        except OSError:
+            self.broken = True
 
     def fileno(self) -> int:
         """Descriptor to wait on for the driver's messages."""
         return self._sock.fileno()
 
     def stop_requested(self) -> bool:
-        """Read the driver's message; ``True`` for ``stop`` or a closed channel."""
+        """Read the driver's message; ``True`` for ``stop``, a closed or a broken channel."""
+        if self.broken:
+            return True
         try:
-            return bool(recv_frame(self._sock).get("op") == "stop")
+            return bool(self._framed.receive().get("op") == "stop")
         except (ChannelError, OSError, EOFError):
             return True
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparktrain import env
+
 _NAME = re.compile(r"^step-(\d{8,})$")
 _MARKER = "COMPLETE"
 _STATE = "state.pt"
@@ -62,6 +64,11 @@ def _fsync_tree(path: Path) -> None:
     _fsync_dir(path)
 
 
+def _step_of(path: Path) -> int:
+    found = _NAME.match(path.name)
+    return int(found.group(1)) if found else -1
+
+
 def _complete(path: Path) -> bool:
     return _NAME.match(path.name) is not None and (path / _MARKER).is_file()
 
@@ -81,7 +88,7 @@ def _publish(tmp: Path, final: Path, step: int) -> None:
 
 
 def _prune(directory: Path, keep: int) -> None:
-    steps = sorted((p for p in directory.iterdir() if _complete(p)), key=lambda p: p.name)
+    steps = sorted((p for p in directory.iterdir() if _complete(p)), key=_step_of)
     for old in steps[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     for stale in directory.glob(".step-*"):  # temporary folders of writes that crashed
@@ -118,7 +125,7 @@ def save(
     dist = _dist()
     # Without a process group, the rank comes from the torch contract (RANK), so that only
     # rank 0 writes even when every rank calls save.
-    rank = dist.get_rank() if dist else int(os.environ.get("RANK", "0") or "0")
+    rank = dist.get_rank() if dist else env.contract_rank()
     if sharded and dist is None:
         raise ValueError("save(..., sharded=True) needs an initialised process group")
     # Shards of every rank go to one shared folder; a full state to one private to its writer.

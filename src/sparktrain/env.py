@@ -124,3 +124,8 @@ def user_set_threads(env: Mapping[str, str]) -> bool:
 def restart_count() -> int:
     """Inside a rank: how many times the group was restarted before this attempt (0 at first)."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or "0")
+
+
+def contract_rank() -> int:
+    """Inside a rank: its global rank from the contract (``RANK``), 0 outside any launch."""
+    return int(os.environ.get("RANK", "0") or "0")

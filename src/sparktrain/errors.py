@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 from dataclasses import dataclass
+from typing import Any
 
 
 class ConfigError(ValueError):
@@ -86,6 +87,10 @@ class TrainingFailedError(RuntimeError):
         self.headline = headline
         super().__init__(headline or _describe(culprit, victims, attempts))
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuild from every field, so the error survives pickling (process pools, Ray...).
+        return (_rebuild, (type(self), dict(self.__dict__)))
+
     def __str__(self) -> str:
         text = self.headline or _describe(self.culprit, self.victims, self.attempts)
         if self.headline and self.attempts > 1:
@@ -156,6 +161,13 @@ class TrainingTimeoutError(TrainingFailedError):
             "collective that another rank never reached."
         )
         super().__init__(None, running, {}, headline=headline)
+
+
+def _rebuild(cls: type[TrainingFailedError], fields: dict[str, Any]) -> TrainingFailedError:
+    error = cls.__new__(cls)
+    error.__dict__.update(fields)
+    RuntimeError.__init__(error, str(error))
+    return error
 
 
 def _ranks(ranks: tuple[int, ...]) -> str:

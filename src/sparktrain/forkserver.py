@@ -40,8 +40,9 @@ _IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 class _BecomeRank(Exception):
     """Raised in a freshly forked child to leave the server loop and run a rank."""
 
-    def __init__(self, request: Any, report_fd: int, listen_fd: int | None) -> None:
+    def __init__(self, request: Any, report_fd: int, listen_fd: int | None, parent: int) -> None:
         super().__init__()
+        self.parent = parent
         self.request = request
         self.report_fd = report_fd
         self.listen_fd = listen_fd
@@ -135,7 +136,7 @@ class _Server:
         pid = os.fork()
         if pid == 0:
             self._enter_child(out_fd, err_fd)
-            raise _BecomeRank(message["request"], report_fd, rest[0] if rest else None)
+            raise _BecomeRank(message["request"], report_fd, rest[0] if rest else None, self.pid)
         self.children.add(pid)
         for fd in fds:
             os.close(fd)
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
 
         code = 1
         try:
-            code = run_rank(become.request, become.report_fd, become.listen_fd)
+            code = run_rank(become.request, become.report_fd, become.listen_fd, become.parent)
         finally:
             exit_rank(code)
     else:

@@ -102,7 +102,7 @@ def _check_hang_timeout(value: object) -> float | None:
         raise ConfigError(
             f"hang_timeout={value!r} must be a positive number of seconds, or None to not watch."
         )
-    return float(value)
+    return None if math.isinf(value) else float(value)
 
 
 def _check_log_ranks(log_ranks: Collection[int] | None, world_size: int) -> frozenset[int] | None:

@@ -21,6 +21,7 @@ from sparktrain.errors import (
     ConfigError,
     HangError,
     RankFailure,
+    SparkJobError,
     StackSite,
     TrainingFailedError,
     TrainingTimeoutError,
@@ -132,6 +133,7 @@ class NodeReport:
         hung: Whether the node's ranks made no progress for ``hang_timeout``.
         hang_sites: Where each hung rank waited.
         hang_silent: Hung ranks that gave no stack.
+        agent_error: Why the node agent itself failed (not a rank), if it did.
         setup_errors: Why the node's ranks were not started (bad GPU addresses, ...), as told
             by every node, so that all nodes agree.
     """
@@ -145,6 +147,7 @@ class NodeReport:
     running_at_timeout: tuple[int, ...] = ()
     gpus: tuple[str, ...] = ()
     setup_errors: tuple[str, ...] = ()
+    agent_error: str | None = None
     hung: bool = False
     hang_sites: Mapping[int, StackSite] = field(default_factory=dict)
     hang_silent: tuple[int, ...] = ()
@@ -205,10 +208,18 @@ def finish(
     setup = sorted({e for report in reports for e in report.setup_errors})
     if setup:
         raise ConfigError("the ranks were not started: " + "; ".join(setup))
+    agents = [report.agent_error for report in reports if report.agent_error]
+    if agents:
+        raise SparkJobError("a node agent failed: " + "; ".join(agents))
     failures = {r: f for report in reports for r, f in report.failures.items()}
+    if any(report.hung or report.running_at_timeout for report in reports):
+        # Nodes keep their own clocks: when one stops its ranks for a hang or a timeout, peers
+        # on other nodes may fail with a connection error first. Those are victims, not causes.
+        failures = {r: f for r, f in failures.items() if not _secondary(f)}
     if failures:
         culprit = culprit_of(failures)
-        victims = {r for report in reports for r in report.stopped} | set(failures)
+        victims = {r for report in reports for r in report.stopped}
+        victims |= {r for report in reports for r in report.failures}
         victims.discard(culprit.rank)
         raise TrainingFailedError(culprit, tuple(sorted(victims)), failures)
     if any(report.hung for report in reports):

@@ -99,9 +99,8 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def _die_with_parent() -> None:
-    """Have the kernel SIGKILL this rank if the fork server (its parent) dies."""
-    parent = os.getppid()
+def _die_with_parent(parent: int) -> None:
+    """Have the kernel SIGKILL this rank if the fork server (``parent``) dies."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -231,11 +230,11 @@ def exit_rank(code: int) -> None:
         os._exit(code)
 
 
-def run_rank(req: RankRequest, report_fd: int, listen_fd: int | None) -> int:
+def run_rank(req: RankRequest, report_fd: int, listen_fd: int | None, parent: int) -> int:
     """Run one rank to the end; return its exit code (0: value written, 1: failure written)."""
     store = None
     try:
-        _die_with_parent()
+        _die_with_parent(parent)
         _become_caller(req)
         from sparktrain import progress
 

@@ -200,33 +200,32 @@ def run_spark(
     """Run ``entry`` on ``plan.nodes`` barrier tasks of ``session``'s cluster."""
     started = time.monotonic()
     channel = ChannelServer(_channel_host(session), secrets.token_bytes(32))
-    keep = frozenset(range(plan.world_size)) if plan.return_all else frozenset({0})
-    spec = TaskSpec(
-        channel=channel.address,
-        secret=channel.secret,
-        run_id=uuid.uuid4().hex[:12],
-        world_size=plan.world_size,
-        procs_per_node=plan.procs_per_node,
-        use_gpu=plan.device == "cuda",
-        payload=entry.payload if isinstance(entry, FunctionEntry) else None,
-        script=entry if isinstance(entry, ScriptEntry) else None,
-        threads=plan.threads_per_rank,
-        timeout=plan.timeout,
-        grace=plan.stop_grace,
-        log_ranks=plan.log_ranks,
-        keep=keep if isinstance(entry, FunctionEntry) else frozenset(),
-        with_data=dataframe is not None,
-        hang_timeout=plan.hang_timeout,
-        restart=attempt,
-        max_restarts=plan.max_restarts,
-    )
-    if dataframe is None:
-        frame, fallback = session.range(0, plan.nodes, 1, plan.nodes), None
-    else:
-        frame, fallback = _partitioned(dataframe, plan.nodes)
-    job = _Job(session, frame, spec, fallback)
     try:
-        reports = _follow(job, channel, plan)
+        keep = frozenset(range(plan.world_size)) if plan.return_all else frozenset({0})
+        spec = TaskSpec(
+            channel=channel.address,
+            secret=channel.secret,
+            run_id=uuid.uuid4().hex[:12],
+            world_size=plan.world_size,
+            procs_per_node=plan.procs_per_node,
+            use_gpu=plan.device == "cuda",
+            payload=entry.payload if isinstance(entry, FunctionEntry) else None,
+            script=entry if isinstance(entry, ScriptEntry) else None,
+            threads=plan.threads_per_rank,
+            timeout=plan.timeout,
+            grace=plan.stop_grace,
+            log_ranks=plan.log_ranks,
+            keep=keep if isinstance(entry, FunctionEntry) else frozenset(),
+            with_data=dataframe is not None,
+            hang_timeout=plan.hang_timeout,
+            restart=attempt,
+            max_restarts=plan.max_restarts,
+        )
+        if dataframe is None:
+            frame, fallback = session.range(0, plan.nodes, 1, plan.nodes), None
+        else:
+            frame, fallback = _partitioned(dataframe, plan.nodes)
+        reports = _follow(_Job(session, frame, spec, fallback), channel, plan)
     finally:
         channel.close()
     return finish(
@@ -270,27 +269,33 @@ def _next(channel: ChannelServer, wait: float) -> dict[str, Any] | None:
 def _follow(job: _Job, channel: ChannelServer, plan: LaunchPlan) -> list[NodeReport]:
     printer = _Printer(plan.log_ranks)
     cancel_at: float | None = None
+    first_failure: dict[str, Any] | None = None
     job.thread.start()
     try:
         while job.thread.is_alive():
             message = _next(channel, 0.2)
-            if message is None:
-                if cancel_at is not None and time.monotonic() > cancel_at:
-                    job.cancel()  # a node did not stop its ranks in time
-                    cancel_at = None
-            elif printer.handle(message) and cancel_at is None:
+            if message is not None and printer.handle(message) and first_failure is None:
+                first_failure = message
                 channel.broadcast({"op": "stop"})  # the first failure stops every node
                 cancel_at = time.monotonic() + CANCEL_AFTER + plan.stop_grace
+            if cancel_at is not None and time.monotonic() > cancel_at:
+                job.cancel()  # a node did not stop its ranks in time
+                cancel_at = None
     except KeyboardInterrupt:
         channel.broadcast({"op": "stop"})
         job.cancel()
         job.thread.join(30)
         raise
     if job.error is not None:
+        seen = (
+            f" (rank {first_failure['rank']} had exited with code {first_failure['code']} first)"
+            if first_failure
+            else ""
+        )
         raise SparkJobError(
-            f"the Spark barrier job failed: {_summarise(job.error)}. Its ranks were stopped; "
-            "the executors' logs have the details."
-        ) from None
+            f"the Spark barrier job failed: {_summarise(job.error)}{seen}. Its ranks were "
+            "stopped; the executors' logs have the details."
+        ) from job.error
     assert job.rows is not None
     reports: list[NodeReport] = [cloudpickle.loads(row.report) for row in job.rows]
     ran = sum(1 for report in reports if not report.setup_errors)

@@ -160,6 +160,11 @@ def run_node(spec: TaskSpec, batches: Iterator[Any]) -> Iterator[Any]:
     run_dir = tempfile.mkdtemp(prefix="sparktrain-task-")
     try:
         report = _run(spec, ctx, node=node, hosts=hosts, batches=batches, run_dir=run_dir)
+    except Exception as exc:  # never fail the barrier task: Spark would rerun the whole stage
+        report = NodeReport(
+            node_rank=node, host=hosts[node], ranks=(), failures={}, stopped=(), values={},
+            agent_error=f"node {node} on {hosts[node]}: {type(exc).__name__}: {exc}",
+        )  # fmt: skip
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
     yield pa.RecordBatch.from_pydict({"node": [node], "report": [cloudpickle.dumps(report)]})
@@ -201,7 +206,18 @@ def _run(
             setup_errors=tuple(errors),
         )
     if spec.with_data:
-        target = max(rows for g in gathered for rows in g["rows"])
+        counts = [rows for g in gathered for rows in g["rows"]]
+        if min(counts) == 0:  # decided from every node's counts, so all nodes agree
+            if listener is not None:
+                listener.close()
+            return NodeReport(
+                node_rank=node, host=host, ranks=(), failures={}, stopped=(), values={},
+                setup_errors=(
+                    f"the DataFrame gave {min(counts)} rows to a rank (rows per rank: {counts}); "
+                    "it needs at least as many rows as there are ranks",
+                ),
+            )  # fmt: skip
+        target = max(counts)
         first = node * spec.procs_per_node
         paths = [os.path.join(run_dir, f"share-{first + i}.arrow") for i in range(len(shares))]
         arrow.write_shares(shares, target, paths, first)
@@ -224,7 +240,12 @@ def _supervise(
     listener: socket.socket | None,
 ) -> NodeReport:
     requests = _requests(spec, node, master, gpus, run_dir)
-    channel = ChannelClient(spec.channel, spec.secret)
+    try:
+        channel = ChannelClient(spec.channel, spec.secret)
+    except BaseException:
+        if listener is not None:
+            listener.close()
+        raise
     try:
         channel.send(
             {"kind": "hello", "node": node, "host": host, "ranks": [r.rank for r in requests]}

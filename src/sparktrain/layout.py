@@ -148,6 +148,37 @@ def _resolve_device(use_gpu: object, world_size: int, topology: Topology) -> Dev
     return "cuda"
 
 
+def _assemble(
+    world_size: int,
+    *,
+    nodes: int,
+    per_node: int,
+    device: Device,
+    gpus: tuple[str, ...],
+    threads: int,
+    timeout: object,
+    log_ranks: Collection[int] | None,
+    return_all: bool,
+    max_restarts: object,
+    hang_timeout: object,
+) -> LaunchPlan:
+    """The plan, with the checks every layout shares (timeout, log filter, failure policy)."""
+    return LaunchPlan(
+        world_size=world_size,
+        nodes=nodes,
+        procs_per_node=per_node,
+        device=device,
+        dist_backend="nccl" if device == "cuda" else "gloo",
+        gpus=gpus,
+        threads_per_rank=threads,
+        timeout=_check_timeout(timeout),
+        log_ranks=_check_log_ranks(log_ranks, world_size),
+        return_all=bool(return_all),
+        max_restarts=_check_restarts(max_restarts),
+        hang_timeout=_check_hang_timeout(hang_timeout),
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class ClusterFacts:
     """What a cluster offers, read before submitting (see :mod:`sparktrain.backends.spark`).
@@ -208,19 +239,18 @@ def make_cluster_plan(
             f"but the cluster has {facts.slots} task slot(s) now; a barrier stage would wait or "
             "fail. Lower num_processes, or add executors/cores (or GPUs)."
         )
-    return LaunchPlan(
-        world_size=world_size,
+    return _assemble(
+        world_size,
         nodes=tasks,
-        procs_per_node=per_task,
+        per_node=per_task,
         device=device,
-        dist_backend="nccl" if device == "cuda" else "gloo",
         gpus=(),
-        threads_per_rank=max(1, facts.task_cpus // per_task),
-        timeout=_check_timeout(timeout),
-        log_ranks=_check_log_ranks(log_ranks, world_size),
-        return_all=bool(return_all),
-        max_restarts=_check_restarts(max_restarts),
-        hang_timeout=_check_hang_timeout(hang_timeout),
+        threads=max(1, facts.task_cpus // per_task),
+        timeout=timeout,
+        log_ranks=log_ranks,
+        return_all=return_all,
+        max_restarts=max_restarts,
+        hang_timeout=hang_timeout,
     )
 
 
@@ -252,18 +282,16 @@ def make_plan(
     """
     world_size = _check_count("num_processes", num_processes)
     device = _resolve_device(use_gpu, world_size, topology)
-    gpus = topology.gpus[:world_size] if device == "cuda" else ()
-    return LaunchPlan(
-        world_size=world_size,
+    return _assemble(
+        world_size,
         nodes=1,
-        procs_per_node=world_size,
+        per_node=world_size,
         device=device,
-        dist_backend="nccl" if device == "cuda" else "gloo",
-        gpus=gpus,
-        threads_per_rank=max(1, topology.cpus // world_size),
-        timeout=_check_timeout(timeout),
-        log_ranks=_check_log_ranks(log_ranks, world_size),
-        return_all=bool(return_all),
-        max_restarts=_check_restarts(max_restarts),
-        hang_timeout=_check_hang_timeout(hang_timeout),
+        gpus=topology.gpus[:world_size] if device == "cuda" else (),
+        threads=max(1, topology.cpus // world_size),
+        timeout=timeout,
+        log_ranks=log_ranks,
+        return_all=return_all,
+        max_restarts=max_restarts,
+        hang_timeout=hang_timeout,
     )

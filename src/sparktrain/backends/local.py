@@ -7,10 +7,8 @@ same port and no rank ever joins another run's store.
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
-import sys
 import tempfile
 import time
 import uuid
@@ -18,11 +16,12 @@ from pathlib import Path
 
 from sparktrain import env, warm
 from sparktrain.agent import NodeAgent
+from sparktrain.backends.ranks import NodeLayout, rank_requests
 from sparktrain.entrypoint import Entrypoint, FunctionEntry, ScriptEntry
 from sparktrain.layout import LaunchPlan
 from sparktrain.logs import LogSink
 from sparktrain.results import RunResult, finish, node_report
-from sparktrain.worker import RankRequest, payload_path
+from sparktrain.worker import payload_path
 
 LOOPBACK = "127.0.0.1"
 
@@ -33,53 +32,6 @@ def _bind_free_port(host: str) -> socket.socket:
     listener.bind((host, 0))
     listener.set_inheritable(True)
     return listener
-
-
-def _requests(
-    plan: LaunchPlan,
-    entry: Entrypoint,
-    run_dir: str,
-    port: int,
-    base: dict[str, str],
-    *,
-    data_paths: list[str] | None,
-    attempt: int,
-) -> list[RankRequest]:
-    run_id = uuid.uuid4().hex[:12]
-    threads = None if env.user_set_threads(base) else plan.threads_per_rank
-    keep = set(range(plan.world_size)) if plan.return_all else {0}
-    requests = []
-    for rank in range(plan.world_size):
-        rank_env = env.RankEnv(
-            rank=rank,
-            local_rank=rank,
-            world_size=plan.world_size,
-            local_world_size=plan.procs_per_node,
-            node_rank=0,
-            nodes=1,
-            master_addr=LOOPBACK,
-            master_port=port,
-            run_id=run_id,
-            visible_devices=plan.gpus if plan.device == "cuda" else None,
-            threads=plan.threads_per_rank,
-            restart=attempt,
-            max_restarts=plan.max_restarts,
-        )
-        requests.append(
-            RankRequest(
-                rank=rank,
-                env=env.rank_environ(base, rank_env),
-                cwd=os.getcwd(),
-                sys_path=list(sys.path),
-                run_dir=run_dir,
-                script=entry if isinstance(entry, ScriptEntry) else None,
-                threads=threads,
-                keep_value=rank in keep and isinstance(entry, FunctionEntry),
-                data_path=data_paths[rank] if data_paths else None,
-                hang_timeout=plan.hang_timeout,
-            )
-        )
-    return requests
 
 
 def run_local(
@@ -97,13 +49,29 @@ def run_local(
     try:
         if isinstance(entry, FunctionEntry):
             payload_path(run_dir).write_bytes(entry.payload)
-        base = env.caller_environ()
-        port = listener.getsockname()[1]
-        requests = _requests(
-            plan, entry, run_dir, port, base, data_paths=data_paths, attempt=attempt
+        layout = NodeLayout(
+            world_size=plan.world_size,
+            nodes=1,
+            node_rank=0,
+            procs_per_node=plan.procs_per_node,
+            master=(LOOPBACK, listener.getsockname()[1]),
+            run_id=uuid.uuid4().hex[:12],
+            restart=attempt,
+            max_restarts=plan.max_restarts,
+        )
+        kept = range(plan.world_size) if plan.return_all else (0,)
+        requests = rank_requests(
+            layout,
+            run_dir=run_dir,
+            script=entry if isinstance(entry, ScriptEntry) else None,
+            gpus=plan.gpus if plan.device == "cuda" else None,
+            threads=plan.threads_per_rank,
+            keep=kept if isinstance(entry, FunctionEntry) else (),
+            hang_timeout=plan.hang_timeout,
+            data_paths=dict(enumerate(data_paths)) if data_paths else None,
         )
         sink = sink or LogSink(plan.log_ranks)
-        server = warm.acquire(base)
+        server = warm.acquire(env.caller_environ())
         agent = NodeAgent(
             server,
             requests,

@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import socket
-import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,11 +25,12 @@ import cloudpickle
 
 from sparktrain import env, warm
 from sparktrain.agent import NodeAgent, RankExit
+from sparktrain.backends.ranks import NodeLayout, rank_requests
 from sparktrain.channel import ChannelClient
 from sparktrain.entrypoint import ScriptEntry
 from sparktrain.logs import LogSink, Stream
 from sparktrain.results import NodeReport, node_report
-from sparktrain.worker import RankRequest, payload_path
+from sparktrain.worker import payload_path
 
 _GPU_ADDRESS = re.compile(r"^(0|[1-9][0-9]*)$")
 
@@ -108,45 +108,6 @@ def _gpus(ctx: Any, spec: TaskSpec) -> tuple[str, ...]:
             f"expects {spec.procs_per_node} (spark.task.resource.gpu.amount)."
         )
     return addresses
-
-
-def _requests(
-    spec: TaskSpec, node: int, master: tuple[str, int], gpus: tuple[str, ...], run_dir: str
-) -> list[RankRequest]:
-    base = env.caller_environ()
-    requests = []
-    for local in range(spec.procs_per_node):
-        rank = node * spec.procs_per_node + local
-        rank_env = env.RankEnv(
-            rank=rank,
-            local_rank=local,
-            world_size=spec.world_size,
-            local_world_size=spec.procs_per_node,
-            node_rank=node,
-            nodes=spec.world_size // spec.procs_per_node,
-            master_addr=master[0],
-            master_port=master[1],
-            run_id=spec.run_id,
-            visible_devices=gpus if spec.use_gpu else None,
-            threads=spec.threads,
-            restart=spec.restart,
-            max_restarts=spec.max_restarts,
-        )
-        requests.append(
-            RankRequest(
-                rank=rank,
-                env=env.rank_environ(base, rank_env),
-                cwd=os.getcwd(),
-                sys_path=list(sys.path),
-                run_dir=run_dir,
-                script=spec.script,
-                threads=None if env.user_set_threads(base) else spec.threads,
-                keep_value=rank in spec.keep,
-                data_path=os.path.join(run_dir, f"share-{rank}.arrow") if spec.with_data else None,
-                hang_timeout=spec.hang_timeout,
-            )
-        )
-    return requests
 
 
 def run_node(spec: TaskSpec, batches: Iterator[Any]) -> Iterator[Any]:
@@ -239,7 +200,28 @@ def _supervise(
     run_dir: str,
     listener: socket.socket | None,
 ) -> NodeReport:
-    requests = _requests(spec, node, master, gpus, run_dir)
+    layout = NodeLayout(
+        world_size=spec.world_size,
+        nodes=spec.world_size // spec.procs_per_node,
+        node_rank=node,
+        procs_per_node=spec.procs_per_node,
+        master=master,
+        run_id=spec.run_id,
+        restart=spec.restart,
+        max_restarts=spec.max_restarts,
+    )
+    first = node * spec.procs_per_node
+    shares = range(first, first + spec.procs_per_node) if spec.with_data else ()
+    requests = rank_requests(
+        layout,
+        run_dir=run_dir,
+        script=spec.script,
+        gpus=gpus if spec.use_gpu else None,
+        threads=spec.threads,
+        keep=spec.keep,
+        hang_timeout=spec.hang_timeout,
+        data_paths={r: os.path.join(run_dir, f"share-{r}.arrow") for r in shares},
+    )
     try:
         channel = ChannelClient(spec.channel, spec.secret)
     except BaseException:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 
 from sparktrain.errors import ConfigError
 
@@ -32,6 +33,23 @@ _NUMBER = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s
 _SMALLEST_MEMORY = 10**6
 
 
+def _scaled(
+    value: object, *, name: str, suffixes: Mapping[str, float], what: str, spelled: str, typed: str
+) -> float:
+    """A number, or text like ``"13B"``/``"80GB"`` scaled by its suffix (NaN for booleans)."""
+    if isinstance(value, bool):
+        return math.nan
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        match = _NUMBER.match(value)
+        suffix = match.group(2).upper() if match else ""
+        if match is None or suffix not in suffixes:
+            raise ConfigError(f"{name}={value!r} is not {what}; {spelled}.")
+        return float(match.group(1)) * suffixes[suffix]
+    raise ConfigError(f"{name}={value!r} ({type(value).__name__}) is not {what}; {typed}.")
+
+
 def parse_count(value: object, *, name: str = "params") -> int:
     """Read a parameter count: an int, a float, or text such as ``"13B"``, ``"350M"``, ``"1.3b"``.
 
@@ -42,25 +60,14 @@ def parse_count(value: object, *, name: str = "params") -> int:
     Raises:
         ConfigError: Not a positive count; the message shows accepted spellings.
     """
-    number: float
-    if isinstance(value, bool):
-        number = math.nan
-    elif isinstance(value, (int, float)):
-        number = float(value)
-    elif isinstance(value, str):
-        match = _NUMBER.match(value)
-        suffix = match.group(2).upper() if match else ""
-        if match is None or suffix not in _COUNT_SUFFIXES:
-            raise ConfigError(
-                f"{name}={value!r} is not a parameter count; write it like '13B', '350M', "
-                "'1.3B' or 13000000000."
-            )
-        number = float(match.group(1)) * _COUNT_SUFFIXES[suffix]
-    else:
-        raise ConfigError(
-            f"{name}={value!r} ({type(value).__name__}) is not a parameter count; pass an int "
-            "or text like '13B'."
-        )
+    number = _scaled(
+        value,
+        name=name,
+        suffixes=_COUNT_SUFFIXES,
+        what="a parameter count",
+        spelled="write it like '13B', '350M', '1.3B' or 13000000000",
+        typed="pass an int or text like '13B'",
+    )
     if not (math.isfinite(number) and number >= 1):
         raise ConfigError(f"{name}={value!r} must be a positive parameter count such as '13B'.")
     return round(number)
@@ -76,25 +83,14 @@ def parse_bytes(value: object, *, name: str) -> int:
     Raises:
         ConfigError: Not a size, or implausibly small (below 1 MB: a unit was probably left out).
     """
-    number: float
-    if isinstance(value, bool):
-        number = math.nan
-    elif isinstance(value, (int, float)):
-        number = float(value)
-    elif isinstance(value, str):
-        match = _NUMBER.match(value)
-        suffix = match.group(2).upper() if match else ""
-        if match is None or suffix not in _BYTE_SUFFIXES:
-            raise ConfigError(
-                f"{name}={value!r} is not a memory size; write it like '80GB' (10^9 bytes), "
-                "'80GiB' (2^30 bytes) or a number of bytes."
-            )
-        number = float(match.group(1)) * _BYTE_SUFFIXES[suffix]
-    else:
-        raise ConfigError(
-            f"{name}={value!r} ({type(value).__name__}) is not a memory size; pass text like "
-            "'80GB' or a number of bytes."
-        )
+    number = _scaled(
+        value,
+        name=name,
+        suffixes=_BYTE_SUFFIXES,
+        what="a memory size",
+        spelled="write it like '80GB' (10^9 bytes), '80GiB' (2^30 bytes) or a number of bytes",
+        typed="pass text like '80GB' or a number of bytes",
+    )
     if not math.isfinite(number) or number <= 0:
         raise ConfigError(f"{name}={value!r} must be a positive memory size such as '80GB'.")
     if number < _SMALLEST_MEMORY:

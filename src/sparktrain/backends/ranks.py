@@ -1,0 +1,89 @@
+"""The requests that start one node's ranks: the torch contract, the caller's context, options.
+
+Shared by every backend, so a rank sees the same environment whether it runs on this machine or
+in a Spark task.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+
+from sparktrain import env
+from sparktrain.entrypoint import ScriptEntry
+from sparktrain.worker import RankRequest
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeLayout:
+    """Where one node sits in the run.
+
+    Attributes:
+        world_size: Ranks in the run.
+        nodes: Nodes in the run.
+        node_rank: This node.
+        procs_per_node: Ranks on each node.
+        master: Host and port of the rendezvous store.
+        run_id: Identifier of the run.
+        restart: The attempt number (0 at first).
+        max_restarts: Restarts the run allows.
+    """
+
+    world_size: int
+    nodes: int
+    node_rank: int
+    procs_per_node: int
+    master: tuple[str, int]
+    run_id: str
+    restart: int
+    max_restarts: int
+
+
+def rank_requests(
+    layout: NodeLayout,
+    *,
+    run_dir: str,
+    script: ScriptEntry | None,
+    gpus: tuple[str, ...] | None,
+    threads: int,
+    keep: Collection[int],
+    hang_timeout: float | None,
+    data_paths: Mapping[int, str] | None = None,
+) -> list[RankRequest]:
+    """One request per rank of the node, from the caller's (or the task's) environment."""
+    base = env.caller_environ()
+    requests = []
+    for local in range(layout.procs_per_node):
+        rank = layout.node_rank * layout.procs_per_node + local
+        rank_env = env.RankEnv(
+            rank=rank,
+            local_rank=local,
+            world_size=layout.world_size,
+            local_world_size=layout.procs_per_node,
+            node_rank=layout.node_rank,
+            nodes=layout.nodes,
+            master_addr=layout.master[0],
+            master_port=layout.master[1],
+            run_id=layout.run_id,
+            visible_devices=gpus,
+            threads=threads,
+            restart=layout.restart,
+            max_restarts=layout.max_restarts,
+        )
+        requests.append(
+            RankRequest(
+                rank=rank,
+                env=env.rank_environ(base, rank_env),
+                cwd=os.getcwd(),
+                sys_path=list(sys.path),
+                run_dir=run_dir,
+                script=script,
+                threads=None if env.user_set_threads(base) else threads,
+                keep_value=rank in keep,
+                data_path=data_paths.get(rank) if data_paths else None,
+                hang_timeout=hang_timeout,
+            )
+        )
+    return requests

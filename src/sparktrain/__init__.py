@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from sparktrain.layout import LaunchPlan
     from sparktrain.planner import plan
     from sparktrain.results import RunResult
+    from sparktrain.strategies import full_state_dict, prepare_data_loader, prepare_model
     from sparktrain.warm import shutdown as shutdown_warm
 
 __all__ = [
@@ -42,8 +43,11 @@ __all__ = [
     "TrainingTimeoutError",
     "__version__",
     "checkpoint",
+    "full_state_dict",
     "launch",
     "plan",
+    "prepare_data_loader",
+    "prepare_model",
     "report",
     "restart_count",
     "shutdown_warm",
@@ -56,6 +60,9 @@ _LAZY = {
     "LaunchPlan": ("sparktrain.layout", "LaunchPlan"),
     "RunResult": ("sparktrain.results", "RunResult"),
     "plan": ("sparktrain.planner", "plan"),
+    "prepare_model": ("sparktrain.strategies", "prepare_model"),
+    "prepare_data_loader": ("sparktrain.strategies", "prepare_data_loader"),
+    "full_state_dict": ("sparktrain.strategies", "full_state_dict"),
     "shutdown_warm": ("sparktrain.warm", "shutdown"),
 }
 

@@ -1,0 +1,205 @@
+"""``prepare_model``: one word picks the strategy; the module comes back ready to train.
+
+Strategies (the registry lists them in its error):
+
+- ``ddp``: a full copy per rank, gradients all-reduced (``DistributedDataParallel``).
+- ``fsdp``: parameters, gradients and optimizer states sharded over the ranks with FSDP2
+  ``fully_shard`` (ZeRO-3). ``reshard_after_forward=False`` keeps parameters gathered between
+  forward and backward (ZeRO-2: less communication, more memory); ``cpu_offload=True`` keeps
+  shards and optimizer states in CPU memory (ZeRO-Offload).
+- ``auto``: :func:`sparktrain.plan` for this model and these GPUs picks the strategy with the
+  least communication that fits, and maps it onto the ones above (see :data:`AUTO_MAP`).
+
+The DeepSpeed ZeRO stages (``zero1``, ``zero2``, ``zero3`` and ``_offload``) are not wired yet:
+naming one is an error that points at the FSDP equivalent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from sparktrain.errors import ConfigError
+
+log = logging.getLogger("sparktrain.strategies")
+
+STRATEGIES = ("ddp", "fsdp", "auto")
+_DEEPSPEED = ("zero1", "zero2", "zero3", "zero1_offload", "zero2_offload", "zero3_offload")
+_PRECISIONS = (None, "bf16", "fp16")
+
+#: How ``auto`` runs each planner recommendation with PyTorch's own wrappers.
+AUTO_MAP: dict[str, tuple[str, dict[str, Any]]] = {
+    "ddp": ("ddp", {}),
+    "zero1": ("fsdp", {"reshard_after_forward": False}),
+    "zero2": ("fsdp", {"reshard_after_forward": False}),
+    "zero3": ("fsdp", {}),
+    "zero2_offload": ("fsdp", {"reshard_after_forward": False, "cpu_offload": True}),
+    "zero3_offload": ("fsdp", {"cpu_offload": True}),
+    "zero3_offload_params": ("fsdp", {"cpu_offload": True}),
+}
+
+
+def device() -> Any:
+    """This rank's device: ``cuda:LOCAL_RANK`` when the rank owns GPUs, else the CPU."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.device_count() > 0:
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def _world() -> Any:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ConfigError(
+            "prepare_model needs the process group: call "
+            "torch.distributed.init_process_group(...) first, inside the training function."
+        )
+    return dist
+
+
+def _check(strategy: object, precision: object) -> str:
+    if strategy in _DEEPSPEED:
+        raise ConfigError(
+            f"strategy={strategy!r} runs through DeepSpeed, which this version does not wire "
+            "yet; use 'fsdp' (ZeRO-3 equivalent; reshard_after_forward=False for ZeRO-2, "
+            "cpu_offload=True for offload) or 'auto'."
+        )
+    if strategy not in STRATEGIES:
+        raise ConfigError(f"unknown strategy {strategy!r}; choose one of: {', '.join(STRATEGIES)}")
+    if precision not in _PRECISIONS:
+        raise ConfigError(f"precision={precision!r} must be None, 'bf16' or 'fp16'.")
+    return str(strategy)
+
+
+def _ddp(model: Any, where: Any) -> Any:
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [where] if where.type == "cuda" else None
+    return DistributedDataParallel(model.to(where), device_ids=ids)
+
+
+def _fsdp(
+    model: Any,
+    where: Any,
+    *,
+    precision: str | None,
+    reshard_after_forward: bool,
+    cpu_offload: bool,
+) -> Any:
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(where.type, (_world().get_world_size(),))
+    options: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
+    if precision is not None:
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+        options["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    if cpu_offload:
+        options["offload_policy"] = CPUOffloadPolicy(pin_memory=where.type == "cuda")
+    else:
+        model = model.to(where)
+    for child in model.modules():  # shard each layer that owns parameters, then the root
+        if child is not model and any(True for _ in child.parameters(recurse=False)):
+            fully_shard(child, **options)
+    return fully_shard(model, **options)
+
+
+def _auto(
+    model: Any, gpu_memory: object, cpu_memory: object, precision: str | None
+) -> tuple[str, dict[str, Any]]:
+    from sparktrain.planner import plan
+
+    dist = _world()
+    where = device()
+    if gpu_memory is None:
+        if where.type != "cuda":
+            log.info("strategy='auto' on CPU ranks: ddp (no GPU memory to fit)")
+            return "ddp", {}
+        import torch
+
+        gpu_memory = torch.cuda.get_device_properties(where).total_memory
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    chosen = plan(
+        model,
+        gpus_per_node=local,
+        nodes=max(1, dist.get_world_size() // local),
+        gpu_memory=gpu_memory,  # type: ignore[arg-type]
+        cpu_memory=cpu_memory,  # type: ignore[arg-type]
+        precision="fp32" if precision is None else f"{precision}-mixed",  # type: ignore[arg-type]
+    )
+    if chosen.recommended is None:
+        raise ConfigError(
+            "strategy='auto': no strategy fits this model on these GPUs:\n" + str(chosen)
+        )
+    name, options = AUTO_MAP[chosen.recommended]
+    if dist.get_rank() == 0:
+        print(f"sparktrain: strategy='auto' chose {chosen.recommended} (runs as {name} {options})")
+        for reason in chosen.reasons:
+            print(f"  - {reason}")
+    return name, options
+
+
+def prepare_model(
+    model: Any,
+    strategy: str = "ddp",
+    *,
+    precision: str | None = None,
+    reshard_after_forward: bool = True,
+    cpu_offload: bool = False,
+    gpu_memory: int | float | str | None = None,
+    cpu_memory: int | float | str | None = None,
+) -> Any:
+    """Move ``model`` to this rank's device and wrap it for ``strategy``.
+
+    Call it inside the training function, after ``init_process_group`` and before creating the
+    optimizer (``fsdp`` replaces the parameters with their shards).
+
+    Args:
+        model: The ``nn.Module`` to train.
+        strategy: ``"ddp"``, ``"fsdp"`` or ``"auto"``.
+        precision: ``None`` (fp32), ``"bf16"`` or ``"fp16"`` mixed precision (``fsdp``).
+        reshard_after_forward: ``fsdp``: free gathered parameters after forward (ZeRO-3);
+            ``False`` keeps them until backward (ZeRO-2).
+        cpu_offload: ``fsdp``: keep parameter shards and optimizer states in CPU memory.
+        gpu_memory: ``auto``: memory of one GPU (default: read from the device).
+        cpu_memory: ``auto``: CPU memory of one node, for the offload strategies.
+
+    Returns:
+        The wrapped module (``DistributedDataParallel``, or the module sharded in place).
+
+    Raises:
+        ConfigError: Unknown strategy (the message lists them), no process group, or ``auto``
+            found nothing that fits.
+    """
+    name = _check(strategy, precision)
+    options: dict[str, Any] = {
+        "reshard_after_forward": reshard_after_forward,
+        "cpu_offload": cpu_offload,
+    }
+    if name == "auto":
+        name, chosen = _auto(model, gpu_memory, cpu_memory, precision)
+        options.update(chosen)
+    _world()
+    where = device()
+    if name == "ddp":
+        return _ddp(model, where)
+    return _fsdp(model, where, precision=precision, **options)
+
+
+def full_state_dict(model: Any) -> dict[str, Any]:
+    """The whole, unwrapped ``state_dict`` of a DDP or FSDP model, on every rank, on the CPU.
+
+    A collective for FSDP (the shards are gathered): call it on every rank.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(model, DistributedDataParallel):
+        model = model.module
+    options = StateDictOptions(full_state_dict=True, cpu_offload=False)
+    state: dict[str, Any] = dict(get_model_state_dict(model, options=options))
+    return {k: v.detach().cpu() if hasattr(v, "detach") else v for k, v in state.items()}

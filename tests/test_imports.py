@@ -19,6 +19,7 @@ def test_import_pulls_in_nothing_heavy() -> None:
 def test_public_names() -> None:
     assert sorted(sparktrain.__all__) == [
         "ConfigError",
+        "DeepspeedTorchDistributor",
         "HangError",
         "LaunchPlan",
         "RankFailure",
@@ -28,12 +29,15 @@ def test_public_names() -> None:
         "TrainingFailedError",
         "TrainingTimeoutError",
         "__version__",
+        "backward",
         "checkpoint",
+        "deepspeed_config",
         "full_state_dict",
         "launch",
         "plan",
         "prepare_data_loader",
         "prepare_model",
+        "prepare_optimizer",
         "report",
         "restart_count",
         "shutdown_warm",

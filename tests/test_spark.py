@@ -271,3 +271,14 @@ def test_caller_killed_leaves_no_rank_on_executors(spark: object, tmp_path: Path
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(caller.pid, signal.SIGKILL)  # the caller's JVMs, whatever happened
+
+
+def test_deepspeed_distributor_on_spark(spark: object) -> None:
+    pytest.importorskip("deepspeed")
+    import test_deepspeed_distributor as tdd
+
+    cloudpickle.register_pickle_by_value(tdd)
+    from sparktrain import DeepspeedTorchDistributor
+
+    result = DeepspeedTorchDistributor(1, 2, False, False, tdd.CONFIG).run(tdd.deepspeed_train, 4)
+    assert result["stage"] == 2 and result["losses"][-1] < result["losses"][0]

@@ -23,16 +23,25 @@ from sparktrain.progress import report
 
 if TYPE_CHECKING:
     from sparktrain import checkpoint
+    from sparktrain.compat.deepspeed_distributor import DeepspeedTorchDistributor
     from sparktrain.compat.torch_distributor import TorchDistributor
     from sparktrain.launcher import launch
     from sparktrain.layout import LaunchPlan
     from sparktrain.planner import plan
     from sparktrain.results import RunResult
-    from sparktrain.strategies import full_state_dict, prepare_data_loader, prepare_model
+    from sparktrain.strategies import (
+        backward,
+        deepspeed_config,
+        full_state_dict,
+        prepare_data_loader,
+        prepare_model,
+        prepare_optimizer,
+    )
     from sparktrain.warm import shutdown as shutdown_warm
 
 __all__ = [
     "ConfigError",
+    "DeepspeedTorchDistributor",
     "HangError",
     "LaunchPlan",
     "RankFailure",
@@ -42,18 +51,25 @@ __all__ = [
     "TrainingFailedError",
     "TrainingTimeoutError",
     "__version__",
+    "backward",
     "checkpoint",
+    "deepspeed_config",
     "full_state_dict",
     "launch",
     "plan",
     "prepare_data_loader",
     "prepare_model",
+    "prepare_optimizer",
     "report",
     "restart_count",
     "shutdown_warm",
 ]
 
 _LAZY = {
+    "DeepspeedTorchDistributor": (
+        "sparktrain.compat.deepspeed_distributor",
+        "DeepspeedTorchDistributor",
+    ),
     "checkpoint": ("sparktrain", "checkpoint"),
     "TorchDistributor": ("sparktrain.compat.torch_distributor", "TorchDistributor"),
     "launch": ("sparktrain.launcher", "launch"),
@@ -63,6 +79,9 @@ _LAZY = {
     "prepare_model": ("sparktrain.strategies", "prepare_model"),
     "prepare_data_loader": ("sparktrain.strategies", "prepare_data_loader"),
     "full_state_dict": ("sparktrain.strategies", "full_state_dict"),
+    "prepare_optimizer": ("sparktrain.strategies", "prepare_optimizer"),
+    "backward": ("sparktrain.strategies", "backward"),
+    "deepspeed_config": ("sparktrain.strategies", "deepspeed_config"),
     "shutdown_warm": ("sparktrain.warm", "shutdown"),
 }
 

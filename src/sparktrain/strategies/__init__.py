@@ -2,17 +2,32 @@
 
 ``prepare_model(model, strategy=...)`` moves the model to the rank's device and wraps it for
 ``"ddp"``, ``"fsdp"`` (PyTorch FSDP2 ``fully_shard``; ZeRO-3 equivalent, or ZeRO-2 with
-``reshard_after_forward=False``, with CPU offload on request) or ``"auto"``, which asks
-:func:`sparktrain.plan` and takes its recommendation. The training loop stays the same for
-every strategy.
+``reshard_after_forward=False``, with CPU offload on request), the DeepSpeed ZeRO stages
+(``"zero1"`` ... ``"zero3_offload"``) or ``"auto"``, which asks :func:`sparktrain.plan` and
+takes its recommendation. With ``prepare_optimizer`` and ``backward``, the training loop stays
+the same for every strategy.
 """
 
 from sparktrain.strategies.data import prepare_data_loader
+from sparktrain.strategies.memory import held_bytes
 from sparktrain.strategies.prepare import (
     STRATEGIES,
+    backward,
     device,
     full_state_dict,
     prepare_model,
+    prepare_optimizer,
 )
+from sparktrain.strategies.zero import deepspeed_config
 
-__all__ = ["STRATEGIES", "device", "full_state_dict", "prepare_data_loader", "prepare_model"]
+__all__ = [
+    "STRATEGIES",
+    "backward",
+    "deepspeed_config",
+    "device",
+    "full_state_dict",
+    "held_bytes",
+    "prepare_data_loader",
+    "prepare_model",
+    "prepare_optimizer",
+]

@@ -10,8 +10,10 @@ Strategies (the registry lists them in its error):
 - ``auto``: :func:`sparktrain.plan` for this model and these GPUs picks the strategy with the
   least communication that fits, and maps it onto the ones above (see :data:`AUTO_MAP`).
 
-The DeepSpeed ZeRO stages (``zero1``, ``zero2``, ``zero3`` and ``_offload``) are not wired yet:
-naming one is an error that points at the FSDP equivalent.
+- ``zero1``, ``zero2``, ``zero3``, ``zero1_offload``, ``zero2_offload``, ``zero3_offload``:
+  DeepSpeed ZeRO stages (the ``deepspeed`` extra); see :mod:`sparktrain.strategies.zero`.
+  They also need :func:`prepare_optimizer` and :func:`backward`, which the other strategies
+  accept too, so one loop serves all.
 """
 
 from __future__ import annotations
@@ -21,11 +23,21 @@ import os
 from typing import Any
 
 from sparktrain.errors import ConfigError
+from sparktrain.strategies import zero
 
 log = logging.getLogger("sparktrain.strategies")
 
-STRATEGIES = ("ddp", "fsdp", "auto")
-_DEEPSPEED = ("zero1", "zero2", "zero3", "zero1_offload", "zero2_offload", "zero3_offload")
+STRATEGIES = (
+    "ddp",
+    "fsdp",
+    "zero1",
+    "zero2",
+    "zero3",
+    "zero1_offload",
+    "zero2_offload",
+    "zero3_offload",
+    "auto",
+)
 _PRECISIONS = (None, "bf16", "fp16")
 
 #: How ``auto`` runs each planner recommendation with PyTorch's own wrappers.
@@ -61,12 +73,6 @@ def _world() -> Any:
 
 
 def _check(strategy: object, precision: object) -> str:
-    if strategy in _DEEPSPEED:
-        raise ConfigError(
-            f"strategy={strategy!r} runs through DeepSpeed, which this version does not wire "
-            "yet; use 'fsdp' (ZeRO-3 equivalent; reshard_after_forward=False for ZeRO-2, "
-            "cpu_offload=True for offload) or 'auto'."
-        )
     if strategy not in STRATEGIES:
         raise ConfigError(f"unknown strategy {strategy!r}; choose one of: {', '.join(STRATEGIES)}")
     if precision not in _PRECISIONS:
@@ -152,6 +158,7 @@ def prepare_model(
     cpu_offload: bool = False,
     gpu_memory: int | float | str | None = None,
     cpu_memory: int | float | str | None = None,
+    deepspeed_config: dict[str, Any] | None = None,
 ) -> Any:
     """Move ``model`` to this rank's device and wrap it for ``strategy``.
 
@@ -167,6 +174,8 @@ def prepare_model(
         cpu_offload: ``fsdp``: keep parameter shards and optimizer states in CPU memory.
         gpu_memory: ``auto``: memory of one GPU (default: read from the device).
         cpu_memory: ``auto``: CPU memory of one node, for the offload strategies.
+        deepspeed_config: ZeRO strategies: settings merged over the stage's defaults (and over
+            the configuration given to ``DeepspeedTorchDistributor``).
 
     Returns:
         The wrapped module (``DistributedDataParallel``, or the module sharded in place).
@@ -187,7 +196,29 @@ def prepare_model(
     where = device()
     if name == "ddp":
         return _ddp(model, where)
+    if name in zero.STAGES:
+        user = zero.deepspeed_config() or {}
+        config = zero.zero_config(name, precision, {**user, **(deepspeed_config or {})})
+        return zero.ZeroModel(model.to(where), config)
     return _fsdp(model, where, precision=precision, **options)
+
+
+def prepare_optimizer(optimizer: Any, model: Any) -> Any:
+    """The optimizer to step: the same one, or (ZeRO) the DeepSpeed engine's.
+
+    Call it after :func:`prepare_model`, with a torch optimizer over ``model.parameters()``.
+    """
+    if isinstance(model, zero.ZeroModel):
+        return zero.build_engine(model, optimizer)
+    return optimizer
+
+
+def backward(loss: Any, optimizer: Any = None) -> None:
+    """``loss.backward()``, or the DeepSpeed engine's backward for the ZeRO strategies."""
+    if isinstance(optimizer, zero.ZeroOptimizer):
+        optimizer.engine.backward(loss)
+    else:
+        loss.backward()
 
 
 def full_state_dict(model: Any) -> dict[str, Any]:
@@ -198,6 +229,8 @@ def full_state_dict(model: Any) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.nn.parallel import DistributedDataParallel
 
+    if isinstance(model, zero.ZeroModel):
+        return zero.full_state(model)
     if isinstance(model, DistributedDataParallel):
         model = model.module
     options = StateDictOptions(full_state_dict=True, cpu_offload=False)

@@ -1,0 +1,152 @@
+"""``DeepspeedTorchDistributor``, call-compatible with pyspark's.
+
+``DeepspeedTorchDistributor(numGpus=1, nnodes=1, localMode=True, useGpu=None,
+deepspeedConfig=None)`` runs ``numGpus * nnodes`` ranks like :class:`TorchDistributor`.
+The configuration (a dict or a JSON file) is read and checked before anything starts, then
+travels inside the entrypoint, so it reaches every rank on every backend:
+
+- function mode: ``sparktrain.deepspeed_config()`` returns it inside the rank, and the ZeRO
+  strategies of ``prepare_model`` merge it into their own;
+- script mode: as with pyspark, the script gets ``--deepspeed --deepspeed_config PATH``; here
+  PATH is a private file that each rank writes before running the script and removes after
+  (pyspark leaves its temporary file behind, and puts the flags in ``sys.argv`` of functions,
+  where nothing reads them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Collection
+from pathlib import Path
+from typing import Any
+
+from sparktrain.compat.torch_distributor import TorchDistributor
+from sparktrain.errors import ConfigError
+
+
+def load_config(config: object) -> dict[str, Any]:
+    """The DeepSpeed configuration as a dict, from a dict, a JSON file's path, or ``None``."""
+    if config is None:
+        return {}
+    if isinstance(config, dict):
+        try:
+            json.dumps(config)
+        except TypeError as exc:
+            raise ConfigError(f"deepspeedConfig cannot be written as JSON: {exc}") from None
+        return dict(config)
+    if isinstance(config, (str, os.PathLike)):
+        path = Path(config).expanduser()
+        if not path.is_file():
+            raise ConfigError(
+                f"deepspeedConfig={os.fspath(config)!r} is not an existing file; pass the path "
+                "of a DeepSpeed JSON configuration, or the configuration as a dict."
+            )
+        try:
+            loaded = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"deepspeedConfig file {path} is not valid JSON: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(
+                f"deepspeedConfig file {path} holds {type(loaded).__name__}, not an object"
+            )
+        return loaded
+    raise ConfigError(
+        f"deepspeedConfig={config!r} ({type(config).__name__}) must be a dict, a path to a JSON "
+        "file, or None."
+    )
+
+
+def run_with_config(config: dict[str, Any], main: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+    """Inside a rank: make ``config`` visible to ``sparktrain.deepspeed_config()``, run ``main``."""
+    from sparktrain.strategies import zero
+
+    zero.set_config(config)
+    return main(*args, **kw)
+
+
+def run_script_with_config(config: dict[str, Any], script: str, args: list[str]) -> None:
+    """Inside a rank: write ``config`` to a private file; run ``script`` with DeepSpeed flags."""
+    folder = tempfile.mkdtemp(prefix="sparktrain-deepspeed-")
+    try:
+        path = os.path.join(folder, "ds_config.json")
+        Path(path).write_text(json.dumps(config))
+        sys.argv = [script, *args, "--deepspeed", "--deepspeed_config", path]
+        sys.path.insert(0, os.path.dirname(script))
+        runpy.run_path(script, run_name="__main__")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+class DeepspeedTorchDistributor(TorchDistributor):
+    """Run DeepSpeed training on ``numGpus * nnodes`` ranks (pyspark's signature)."""
+
+    def __init__(
+        self,
+        numGpus: int = 1,
+        nnodes: int = 1,
+        localMode: bool = True,
+        useGpu: bool | None = None,
+        deepspeedConfig: dict[str, Any] | str | os.PathLike[str] | None = None,
+        *,
+        timeout: float | None = None,
+        log_ranks: Collection[int] | None = None,
+        max_restarts: int = 0,
+        hang_timeout: float | None = None,
+    ) -> None:
+        """Check the configuration and the layout; nothing starts yet.
+
+        Args:
+            numGpus: Ranks per node (GPUs per node on GPU).
+            nnodes: Nodes; more than one needs ``localMode=False`` (Spark).
+            localMode: ``True``: every rank on this machine; ``False``: on Spark executors.
+            useGpu: ``True``, ``False`` or ``None`` (GPUs when available).
+            deepspeedConfig: A dict, the path of a JSON file, or ``None``.
+            timeout: Seconds before the run is stopped.
+            log_ranks: Ranks whose output is shown.
+            max_restarts: Restarts of the whole group after a failure.
+            hang_timeout: Seconds without progress before a hang is reported.
+        """
+        for name, value in (("numGpus", numGpus), ("nnodes", nnodes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name}={value!r} must be a positive int")
+        if nnodes > 1 and localMode:
+            raise ConfigError(
+                f"nnodes={nnodes} with localMode=True: local mode runs on this machine only; "
+                "pass localMode=False to spread the ranks over Spark executors, or nnodes=1."
+            )
+        self.deepspeed_config = load_config(deepspeedConfig)
+        self.numGpus = numGpus
+        self.nnodes = nnodes
+        super().__init__(
+            numGpus * nnodes,
+            localMode,
+            useGpu,
+            timeout=timeout,
+            log_ranks=log_ranks,
+            max_restarts=max_restarts,
+            hang_timeout=hang_timeout,
+        )
+
+    def run(self, main: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run ``main`` (a function or a script) on every rank; return rank 0's value."""
+        if isinstance(main, (str, os.PathLike)):
+            if kwargs:
+                raise ConfigError(
+                    f"keyword arguments {sorted(kwargs)} cannot be passed to a script; pass "
+                    "them as command-line arguments."
+                )
+            script = Path(main).expanduser()
+            if not script.is_file():
+                raise ConfigError(f"main={os.fspath(main)!r} is not an existing file")
+            strings = [str(a) for a in args]
+            return super().run(
+                run_script_with_config, self.deepspeed_config, str(script.resolve()), strings
+            )
+        if not callable(main):
+            raise ConfigError(f"main={main!r} is neither a callable nor a path to a script")
+        return super().run(run_with_config, self.deepspeed_config, main, *args, **kwargs)

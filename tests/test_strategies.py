@@ -67,6 +67,8 @@ def _same_state(a: dict, b: dict) -> bool:
         ("zero2", {}),
         ("zero3", {}),
         ("zero2_offload", {}),
+        ("fsdp", {"precision": "bf16"}),
+        ("zero2", {"precision": "bf16"}),
     ],
 )
 def test_strategy_trains_and_states_agree(strategy: str, options: dict) -> None:
@@ -76,6 +78,8 @@ def test_strategy_trains_and_states_agree(strategy: str, options: dict) -> None:
     assert _same_state(ranks[0]["state"], ranks[1]["state"])
     full = sum(v.numel() * 4 for v in ranks[0]["state"].values())  # fp32 parameters: P bytes
     held = ranks[0]["held"]
+    if options.get("precision"):  # the byte split of mixed precision is the planner's business
+        return
     # The ZeRO paper's split, N = 2: parameters whole or 1/N, Adam's two states 2P or 2P/N.
     sharded_params = strategy == "fsdp" or strategy.startswith("zero3")
     assert held["parameters"] == pytest.approx(full / 2 if sharded_params else full, rel=0.01)

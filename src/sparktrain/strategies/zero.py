@@ -96,9 +96,34 @@ class ZeroModel(nn.Module):
         self.engine: Any = None
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the module, through the engine once there is one."""
+        """Run the module, through the engine once there is one.
+
+        With bf16 or fp16, floating-point inputs are cast to that type, as DeepSpeed expects
+        (so the training loop needs no change between strategies).
+        """
         runner = self.engine if self.engine is not None else self.module
+        dtype = self._half()
+        if dtype is not None:
+            args = tuple(_cast(a, dtype) for a in args)
+            kwargs = {k: _cast(v, dtype) for k, v in kwargs.items()}
         return runner(*args, **kwargs)
+
+    def _half(self) -> Any:
+        import torch
+
+        if self.config.get("bf16", {}).get("enabled"):
+            return torch.bfloat16
+        if self.config.get("fp16", {}).get("enabled"):
+            return torch.float16
+        return None
+
+
+def _cast(value: Any, dtype: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.to(dtype)
+    return value
 
 
 class ZeroOptimizer:

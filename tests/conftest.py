@@ -195,3 +195,44 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real ``mlflow server`` on loopback (SQLite backend, local artifacts); yields its URL."""
+    import signal
+    import subprocess
+    import urllib.request
+
+    pytest.importorskip("mlflow")
+    root = tmp_path_factory.mktemp("mlflow")
+    port = free_port()
+    command = [
+        sys.executable, "-m", "mlflow", "server",
+        "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+        "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+        "--artifacts-destination", str(root / "artifacts"),
+    ]  # fmt: skip
+    log = root / "server.log"
+    with log.open("wb") as out:
+        server = subprocess.Popen(command, stdout=out, stderr=out, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None, f"mlflow server died: {log.read_text()[-2000:]}"
+            assert time.monotonic() < deadline, "mlflow server did not start"
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as reply:
+                    if reply.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.5)
+        yield url
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()

@@ -282,3 +282,20 @@ def test_deepspeed_distributor_on_spark(spark: object) -> None:
 
     result = DeepspeedTorchDistributor(1, 2, False, False, tdd.CONFIG).run(tdd.deepspeed_train, 4)
     assert result["stage"] == 2 and result["losses"][-1] < result["losses"][0]
+
+
+def test_mlflow_tracking_on_spark(
+    spark: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mlflow = pytest.importorskip("mlflow")
+    import test_tracking
+
+    cloudpickle.register_pickle_by_value(test_tracking)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    TorchDistributor(2, False, False, mlflow=True).run(test_tracking.tracked_train, 4, "ddp")
+    client = mlflow.tracking.MlflowClient(uri)
+    (run,) = client.search_runs(["0"])
+    assert run.info.status == "FINISHED" and run.data.params["backend"] == "spark"
+    history = client.get_metric_history(run.info.run_id, "loss")
+    assert sorted(m.step for m in history) == [0, 1, 2, 3]  # rank 0 only: one copy per step

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
         prepare_model,
         prepare_optimizer,
     )
+    from sparktrain.tracking import log_metrics, log_model, log_params
     from sparktrain.warm import shutdown as shutdown_warm
 
 __all__ = [
@@ -56,6 +57,9 @@ __all__ = [
     "deepspeed_config",
     "full_state_dict",
     "launch",
+    "log_metrics",
+    "log_model",
+    "log_params",
     "plan",
     "prepare_data_loader",
     "prepare_model",
@@ -76,6 +80,9 @@ _LAZY = {
     "LaunchPlan": ("sparktrain.layout", "LaunchPlan"),
     "RunResult": ("sparktrain.results", "RunResult"),
     "plan": ("sparktrain.planner", "plan"),
+    "log_params": ("sparktrain.tracking", "log_params"),
+    "log_metrics": ("sparktrain.tracking", "log_metrics"),
+    "log_model": ("sparktrain.tracking", "log_model"),
     "prepare_model": ("sparktrain.strategies", "prepare_model"),
     "prepare_data_loader": ("sparktrain.strategies", "prepare_data_loader"),
     "full_state_dict": ("sparktrain.strategies", "full_state_dict"),

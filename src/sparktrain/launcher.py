@@ -10,6 +10,7 @@ last checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Literal
@@ -21,7 +22,7 @@ from sparktrain.layout import LaunchPlan, make_cluster_plan, make_plan
 from sparktrain.results import RunResult
 from sparktrain.topology import Topology, detect_local
 
-Attempt = Callable[[int], RunResult]
+Attempt = Callable[[int, dict[str, str] | None], RunResult]
 
 
 def launch(
@@ -39,6 +40,8 @@ def launch(
     topology: Topology | None = None,
     backend: Literal["local", "spark"] = "local",
     dataframe: Any = None,
+    mlflow: bool | None = None,
+    mlflow_strict: bool = False,
 ) -> RunResult:
     """Run ``main`` on ``num_processes`` ranks and wait for them.
 
@@ -64,6 +67,10 @@ def launch(
             SparkSession, classic or Connect; one rank per task, or one per GPU of a task).
         dataframe: A Spark DataFrame whose rows are shared among the ranks (see
             :mod:`sparktrain.data`).
+        mlflow: Track the run in MLflow (``None``: when the caller has an active MLflow run).
+            One run per launch, created here; ranks log to it with
+            ``sparktrain.log_metrics`` etc. (rank 0 only).
+        mlflow_strict: Raise instead of warning when the tracking server cannot be used.
 
     Returns:
         A :class:`RunResult`; ``.value`` is rank 0's return value.
@@ -88,8 +95,14 @@ def launch(
             max_restarts=max_restarts,
             hang_timeout=hang_timeout,
         )
-        return _with_restarts(
-            plan, lambda n: spark.run_spark(plan, entry, session, dataframe=dataframe, attempt=n)
+        return _tracked(
+            plan,
+            "spark",
+            lambda n, extra: spark.run_spark(
+                plan, entry, session, dataframe=dataframe, attempt=n, extra_env=extra
+            ),
+            enabled=mlflow,
+            strict=mlflow_strict,
         )
     if backend != "local":
         raise ConfigError(f"backend={backend!r} is not one of: local, spark")
@@ -105,27 +118,48 @@ def launch(
         max_restarts=max_restarts,
         hang_timeout=hang_timeout,
     )
-    return _with_restarts(plan, _local_attempt(plan, entry, dataframe))
+    return _tracked(
+        plan, "local", _local_attempt(plan, entry, dataframe), enabled=mlflow, strict=mlflow_strict
+    )
 
 
 def _local_attempt(plan: LaunchPlan, entry: Entrypoint, dataframe: Any) -> Attempt:
     if dataframe is None:
-        return lambda n: run_local(plan, entry, attempt=n)
+        return lambda n, extra: run_local(plan, entry, attempt=n, extra_env=extra)
     from sparktrain.backends.local_data import local_shares
 
-    def attempt(n: int) -> RunResult:
+    def attempt(n: int, extra: dict[str, str] | None) -> RunResult:
         with local_shares(dataframe, plan.world_size) as paths:
-            return run_local(plan, entry, data_paths=paths, attempt=n)
+            return run_local(plan, entry, data_paths=paths, attempt=n, extra_env=extra)
 
     return attempt
 
 
-def _with_restarts(plan: LaunchPlan, attempt: Attempt) -> RunResult:
+def _tracked(
+    plan: LaunchPlan, backend: str, attempt: Attempt, *, enabled: bool | None, strict: bool
+) -> RunResult:
+    """The launch inside its MLflow run, when tracking is on."""
+    from sparktrain.tracking import driver
+
+    run = driver.begin(plan, backend, enabled=enabled, strict=strict)
+    extra = run.rank_env() if run else None
+    try:
+        result = _with_restarts(plan, lambda n: attempt(n, extra))
+    except BaseException as error:
+        if run is not None:
+            run.failed(error)
+        raise
+    if run is not None:
+        run.succeeded(result.attempts)
+    return result
+
+
+def _with_restarts(plan: LaunchPlan, attempt: Callable[[int], RunResult]) -> RunResult:
     """Run attempts until one succeeds or ``plan.max_restarts`` restarts are used up."""
     number = 0
     while True:
         try:
-            return attempt(number)
+            return dataclasses.replace(attempt(number), attempts=number + 1)
         except TrainingTimeoutError:
             raise
         except (TrainingFailedError, SparkJobError) as error:

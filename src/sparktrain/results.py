@@ -45,12 +45,14 @@ class RunResult:
         world_size: Number of ranks that ran.
         duration: Seconds from the launch call to the last rank's exit.
         nodes: Each node's report (host, ranks, GPUs), in node order.
+        attempts: How many times the group was started (restarts + 1).
     """
 
     return_values: Mapping[int, Any]
     world_size: int
     duration: float
     nodes: tuple[NodeReport, ...] = ()
+    attempts: int = 1
 
     @property
     def value(self) -> Any:

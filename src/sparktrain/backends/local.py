@@ -41,6 +41,7 @@ def run_local(
     sink: LogSink | None = None,
     data_paths: list[str] | None = None,
     attempt: int = 0,
+    extra_env: dict[str, str] | None = None,
 ) -> RunResult:
     """Run ``entry`` on ``plan.world_size`` ranks on this machine; see :func:`sparktrain.launch`."""
     started = time.monotonic()
@@ -69,6 +70,7 @@ def run_local(
             keep=kept if isinstance(entry, FunctionEntry) else (),
             hang_timeout=plan.hang_timeout,
             data_paths=dict(enumerate(data_paths)) if data_paths else None,
+            extra_env=extra_env,
         )
         sink = sink or LogSink(plan.log_ranks)
         server = warm.acquire(env.caller_environ())

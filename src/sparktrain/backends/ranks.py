@@ -51,9 +51,13 @@ def rank_requests(
     keep: Collection[int],
     hang_timeout: float | None,
     data_paths: Mapping[int, str] | None = None,
+    extra_env: Mapping[str, str] | None = None,
 ) -> list[RankRequest]:
-    """One request per rank of the node, from the caller's (or the task's) environment."""
-    base = env.caller_environ()
+    """One request per rank of the node, from the caller's (or the task's) environment.
+
+    ``extra_env`` adds variables of other contracts (MLflow's run) to every rank.
+    """
+    base = {**env.caller_environ(), **(extra_env or {})}
     requests = []
     for local in range(layout.procs_per_node):
         rank = layout.node_rank * layout.procs_per_node + local

@@ -195,7 +195,13 @@ def _bind(fn: Any, spec: TaskSpec) -> Any:
 
 
 def run_spark(
-    plan: LaunchPlan, entry: Entrypoint, session: Any, *, dataframe: Any = None, attempt: int = 0
+    plan: LaunchPlan,
+    entry: Entrypoint,
+    session: Any,
+    *,
+    dataframe: Any = None,
+    attempt: int = 0,
+    extra_env: dict[str, str] | None = None,
 ) -> RunResult:
     """Run ``entry`` on ``plan.nodes`` barrier tasks of ``session``'s cluster."""
     started = time.monotonic()
@@ -220,6 +226,7 @@ def run_spark(
             hang_timeout=plan.hang_timeout,
             restart=attempt,
             max_restarts=plan.max_restarts,
+            extra_env=extra_env,
         )
         if dataframe is None:
             frame, fallback = session.range(0, plan.nodes, 1, plan.nodes), None

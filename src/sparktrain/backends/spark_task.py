@@ -57,6 +57,7 @@ class TaskSpec:
         hang_timeout: Seconds without progress before the node's ranks are declared hung.
         restart: The attempt number (0 at first).
         max_restarts: Restarts the run allows.
+        extra_env: Variables of other contracts for every rank (MLflow's run).
     """
 
     channel: tuple[str, int]
@@ -76,6 +77,7 @@ class TaskSpec:
     hang_timeout: float | None = None
     restart: int = 0
     max_restarts: int = 0
+    extra_env: dict[str, str] | None = None
 
 
 class ChannelSink(LogSink):
@@ -221,6 +223,7 @@ def _supervise(
         keep=spec.keep,
         hang_timeout=spec.hang_timeout,
         data_paths={r: os.path.join(run_dir, f"share-{r}.arrow") for r in shares},
+        extra_env=spec.extra_env,
     )
     try:
         channel = ChannelClient(spec.channel, spec.secret)

@@ -37,6 +37,8 @@ class TorchDistributor:
         log_ranks: Collection[int] | None = None,
         max_restarts: int = 0,
         hang_timeout: float | None = None,
+        mlflow: bool | None = None,
+        mlflow_strict: bool = False,
     ) -> None:
         """Describe the run; input is checked here, before anything starts.
 
@@ -51,6 +53,8 @@ class TorchDistributor:
             max_restarts: After a failure, restart the whole group up to this many times.
             hang_timeout: Seconds without progress (output or ``sparktrain.report()``) before
                 the run is declared hung and each rank's waiting line is reported.
+            mlflow: Track the run in MLflow (``None``: when the caller has an active run).
+            mlflow_strict: Raise, instead of warning, when tracking cannot be used.
 
         Raises:
             ConfigError: A value is out of range; the message says what to pass.
@@ -64,6 +68,8 @@ class TorchDistributor:
         self.log_ranks = log_ranks
         self.max_restarts = max_restarts
         self.hang_timeout = hang_timeout
+        self.mlflow = mlflow
+        self.mlflow_strict = mlflow_strict
         self._topology = None
         if local_mode:
             self._topology = detect_local(gpus=use_gpu is not False)
@@ -138,6 +144,8 @@ class TorchDistributor:
             log_ranks=self.log_ranks,
             max_restarts=self.max_restarts,
             hang_timeout=self.hang_timeout,
+            mlflow=self.mlflow,
+            mlflow_strict=self.mlflow_strict,
             topology=self._topology,
             backend="local" if self.local_mode else "spark",
             dataframe=df,

@@ -18,12 +18,14 @@ Strategies (the registry lists them in its error):
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 from typing import Any
 
 from sparktrain.errors import ConfigError
 from sparktrain.strategies import zero
+from sparktrain.tracking.rank import log_params
 
 log = logging.getLogger("sparktrain.strategies")
 
@@ -185,6 +187,8 @@ def prepare_model(
             found nothing that fits.
     """
     name = _check(strategy, precision)
+    # A weightless copy of the plain module: log_model rebuilds it from gathered shards.
+    skeleton = copy.deepcopy(model).to("meta")
     options: dict[str, Any] = {
         "reshard_after_forward": reshard_after_forward,
         "cpu_offload": cpu_offload,
@@ -194,13 +198,22 @@ def prepare_model(
         options.update(chosen)
     _world()
     where = device()
+    log_params(
+        {
+            "strategy": name,
+            **({f"fsdp_{k}": v for k, v in options.items()} if name == "fsdp" else {}),
+        }
+    )
     if name == "ddp":
         return _ddp(model, where)
     if name in zero.STAGES:
         user = zero.deepspeed_config() or {}
         config = zero.zero_config(name, precision, {**user, **(deepspeed_config or {})})
-        return zero.ZeroModel(model.to(where), config)
-    return _fsdp(model, where, precision=precision, **options)
+        prepared: Any = zero.ZeroModel(model.to(where), config)
+    else:
+        prepared = _fsdp(model, where, precision=precision, **options)
+    object.__setattr__(prepared, "_sparktrain_skeleton", skeleton)  # not a registered submodule
+    return prepared
 
 
 def prepare_optimizer(optimizer: Any, model: Any) -> Any:

@@ -1,0 +1,142 @@
+"""The driver's side: create the run once, log the launch and its outcome.
+
+Tracking is on with ``mlflow=True``, or automatically when the caller has an active MLflow run
+(MLflow already imported and a run open). The tracking URI is ``MLFLOW_TRACKING_URI`` (or
+whatever the caller set) and, when none is set, a SQLite store ``mlflow.db`` in the working
+directory, which ``mlflow ui --backend-store-uri sqlite:///mlflow.db`` opens. A server that
+cannot be reached turns tracking off with one warning (training goes on), unless
+``mlflow_strict=True``. The ranks get the run through MLflow's own variables
+(``MLFLOW_TRACKING_URI``, ``MLFLOW_RUN_ID``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+from sparktrain.errors import ConfigError, TrainingFailedError
+from sparktrain.layout import LaunchPlan
+
+#: While the driver probes the server: fail fast instead of MLflow's minutes of retries.
+_PROBE_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
+
+
+def _mlflow() -> Any:
+    try:
+        import mlflow
+    except ImportError:
+        raise ConfigError("mlflow=True needs MLflow: pip install 'sparktrain[mlflow]'") from None
+    return mlflow
+
+
+def _caller_has_active_run() -> bool:
+    mlflow = sys.modules.get("mlflow")
+    return mlflow is not None and mlflow.active_run() is not None
+
+
+def _tracking_uri(mlflow: Any) -> str:
+    if os.environ.get("MLFLOW_TRACKING_URI") or mlflow.is_tracking_uri_set():
+        return str(mlflow.get_tracking_uri())
+    return f"sqlite:///{os.path.abspath('mlflow.db')}"
+
+
+@dataclass
+class DriverRun:
+    """The MLflow run of one launch, as the driver holds it."""
+
+    mlflow: Any
+    uri: str
+    run_id: str
+    started: float
+
+    def rank_env(self) -> dict[str, str]:
+        """The variables that hand the run to the ranks."""
+        return {"MLFLOW_TRACKING_URI": self.uri, "MLFLOW_RUN_ID": self.run_id}
+
+    def _client(self) -> Any:
+        return self.mlflow.tracking.MlflowClient(self.uri)
+
+    def succeeded(self, attempts: int) -> None:
+        """Log the outcome and close the run as FINISHED."""
+        client = self._client()
+        client.log_metric(self.run_id, "duration_s", time.time() - self.started)
+        client.set_tag(self.run_id, "sparktrain.outcome", "succeeded")
+        client.set_tag(self.run_id, "sparktrain.attempts", str(attempts))
+        client.set_terminated(self.run_id, "FINISHED")
+
+    def failed(self, error: BaseException) -> None:
+        """Log the culprit and its error (tag and artifact) and close the run as FAILED."""
+        client = self._client()
+        client.log_metric(self.run_id, "duration_s", time.time() - self.started)
+        client.set_tag(self.run_id, "sparktrain.outcome", type(error).__name__)
+        if isinstance(error, TrainingFailedError):
+            client.set_tag(self.run_id, "sparktrain.attempts", str(error.attempts))
+            if error.culprit is not None:
+                client.set_tag(self.run_id, "sparktrain.culprit_rank", str(error.culprit.rank))
+                client.set_tag(self.run_id, "sparktrain.culprit_host", error.culprit.host)
+                client.set_tag(self.run_id, "sparktrain.error", error.culprit.summary()[:4000])
+        text = str(error) or "".join(traceback.format_exception_only(type(error), error))
+        client.log_text(self.run_id, text, "sparktrain/error.txt")
+        client.set_terminated(
+            self.run_id, "KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED"
+        )
+
+
+def begin(
+    plan: LaunchPlan, backend: str, *, enabled: bool | None, strict: bool
+) -> DriverRun | None:
+    """Create the launch's run and log its parameters, or return ``None`` (tracking off)."""
+    if enabled is False or (enabled is None and not _caller_has_active_run()):
+        return None
+    mlflow = _mlflow()
+    uri = _tracking_uri(mlflow)
+    saved = {k: os.environ.get(k) for k in _PROBE_ENV}
+    os.environ.update(_PROBE_ENV)
+    try:
+        client = mlflow.tracking.MlflowClient(uri)
+        parent = mlflow.active_run()
+        experiment = parent.info.experiment_id if parent else _experiment(client)
+        tags = {"mlflow.parentRunId": parent.info.run_id} if parent else {}
+        run = client.create_run(experiment, tags=tags, run_name=f"sparktrain-{backend}")
+        params = {
+            "world_size": plan.world_size,
+            "processes_per_node": plan.procs_per_node,
+            "nodes": plan.nodes,
+            "backend": backend,
+            "device": plan.device,
+            "dist_backend": plan.dist_backend,
+            "max_restarts": plan.max_restarts,
+        }
+        for key, value in params.items():
+            client.log_param(run.info.run_id, key, value)
+    except Exception as exc:
+        if strict:
+            raise ConfigError(f"MLflow tracking at {uri} failed: {exc}") from exc
+        warnings.warn(
+            f"sparktrain: MLflow tracking is off for this run: {uri} could not be used "
+            f"({type(exc).__name__}: {str(exc)[:300]}). Training goes on; pass "
+            "mlflow_strict=True to stop instead.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return DriverRun(mlflow=mlflow, uri=uri, run_id=run.info.run_id, started=time.time())
+
+
+def _experiment(client: Any) -> str:
+    name = os.environ.get("MLFLOW_EXPERIMENT_NAME")
+    if not name:
+        return str(os.environ.get("MLFLOW_EXPERIMENT_ID") or "0")
+    found = client.get_experiment_by_name(name)
+    return str(found.experiment_id if found else client.create_experiment(name))

@@ -68,7 +68,7 @@ def _check_run(uri: str, steps: int) -> object:
     return run
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "zero3"])
 def test_one_run_with_metrics_and_a_loadable_model(
     mlflow_server: str, monkeypatch: pytest.MonkeyPatch, strategy: str
 ) -> None:

@@ -102,3 +102,15 @@ def test_invalid_json_and_bad_layout(tmp_path: Path) -> None:
         DeepspeedTorchDistributor(1, 2, True, False)
     with pytest.raises(ConfigError, match="numGpus=0"):
         DeepspeedTorchDistributor(0)
+
+
+def test_tracked_deepspeed_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mlflow = pytest.importorskip("mlflow")
+    from mlflow.tracking._tracking_service import utils
+
+    monkeypatch.setattr(utils, "_tracking_uri", None)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    DeepspeedTorchDistributor(2, 1, True, False, CONFIG, mlflow=True).run(deepspeed_train, 2)
+    (run,) = mlflow.tracking.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").search_runs(["0"])
+    assert run.info.status == "FINISHED" and run.data.params["world_size"] == "2"

@@ -97,6 +97,8 @@ class DeepspeedTorchDistributor(TorchDistributor):
         log_ranks: Collection[int] | None = None,
         max_restarts: int = 0,
         hang_timeout: float | None = None,
+        mlflow: bool | None = None,
+        mlflow_strict: bool = False,
     ) -> None:
         """Check the configuration and the layout; nothing starts yet.
 
@@ -110,6 +112,8 @@ class DeepspeedTorchDistributor(TorchDistributor):
             log_ranks: Ranks whose output is shown.
             max_restarts: Restarts of the whole group after a failure.
             hang_timeout: Seconds without progress before a hang is reported.
+            mlflow: Track the run in MLflow (``None``: when the caller has an active run).
+            mlflow_strict: Raise, instead of warning, when tracking cannot be used.
         """
         for name, value in (("numGpus", numGpus), ("nnodes", nnodes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -130,6 +134,8 @@ class DeepspeedTorchDistributor(TorchDistributor):
             log_ranks=log_ranks,
             max_restarts=max_restarts,
             hang_timeout=hang_timeout,
+            mlflow=mlflow,
+            mlflow_strict=mlflow_strict,
         )
 
     def run(self, main: Any, *args: Any, **kwargs: Any) -> Any:

@@ -35,12 +35,9 @@ The ``--child MODE WORKLOAD`` options are internal: the script re-runs itself in
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib.metadata
 import json
 import os
 import platform
-import signal
 import statistics
 import subprocess
 import sys
@@ -52,12 +49,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from _common import (
+    BENCH_TAG_VAR,
+    fmt,
+    leftover_processes,
+    load_average,
+    log,
+    ratio,
+    stop_strays,
+    version_of,
+)
+
 N_PROCS = 2
 WORKLOADS = ("noop", "gloo")
 CHILD_TIMEOUT_S = 300.0
 RUN_TIMEOUT_S = 120.0
 RESULT_MARKER = "BENCH_RESULT "
-BENCH_TAG_VAR = "SPARKTRAIN_BENCH_TAG"
 
 NOOP_SCRIPT = "import torch  # noqa: F401\n"
 GLOO_SCRIPT = """\
@@ -119,19 +126,6 @@ class Row:
         return statistics.median(values) if values else None
 
 
-def log(message: str) -> None:
-    """Progress line on stderr (the table goes to stdout)."""
-    print(f"[bench] {message}", file=sys.stderr, flush=True)
-
-
-def version_of(dist_name: str) -> str:
-    """Installed version of a distribution, without importing it."""
-    try:
-        return importlib.metadata.version(dist_name)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
-
-
 def emit_result(payload: dict[str, Any]) -> None:
     """Child side: print the result line the parent parses."""
     print(RESULT_MARKER + json.dumps(payload), flush=True)
@@ -147,60 +141,6 @@ def parse_result(stdout: str) -> dict[str, Any]:
 
 def tail(text: str, lines: int = 25) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
-
-
-# --------------------------------------------------------------------------------------------
-# Leftover-process check: every process this benchmark starts inherits BENCH_TAG_VAR (JVM, torchrun,
-# fork servers and ranks included), so other users' processes on the machine are never counted.
-# --------------------------------------------------------------------------------------------
-
-
-def _has_tag(pid: int, tag: bytes) -> bool:
-    try:
-        return tag in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return False
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return ""
-    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
-
-
-def tagged_processes() -> dict[int, str]:
-    """Live processes (other than this one) that carry this run's tag."""
-    tag = f"{BENCH_TAG_VAR}={os.environ.get(BENCH_TAG_VAR, '')}".encode()
-    found: dict[int, str] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            pid = int(entry.name)
-            if _has_tag(pid, tag):
-                found[pid] = _cmdline(pid)
-    return found
-
-
-def leftover_processes(grace_s: float = 3.0) -> dict[int, str]:
-    """Tagged processes still alive after a grace period."""
-    deadline = time.monotonic() + grace_s
-    while True:
-        strays = {p: c for p, c in tagged_processes().items() if _cmdline(p)}
-        if not strays or time.monotonic() >= deadline:
-            return strays
-        time.sleep(0.2)
-
-
-def stop_strays(strays: dict[int, str]) -> None:
-    """Terminate, by pid, leftover processes this benchmark started."""
-    for pid in strays:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    time.sleep(1.0)
-    for pid in strays:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
 
 
 # --------------------------------------------------------------------------------------------
@@ -383,17 +323,6 @@ def pyspark_unavailable() -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def fmt(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.3f}"
-
-
-def load_average() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "unknown"
-
-
 def print_machine() -> None:
     print("Machine")
     print(f"  cpu count : {os.cpu_count()}")
@@ -419,10 +348,6 @@ def print_table(rows: Sequence[Row], repeat: int) -> None:
             )
         print(f"  {row.label:<48} {cells[0]:>8} {cells[1]:>8}   {detail}")
     print()
-
-
-def ratio(num: float | None, den: float | None) -> float | None:
-    return None if num is None or den is None or den == 0 else num / den
 
 
 def print_ratios(rows: dict[str, Row]) -> None:
@@ -529,7 +454,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = measure_all(args.repeat, args.skip_pyspark)
     print_table(list(rows.values()), args.repeat)
     print_ratios(rows)
-    strays = leftover_processes()
+    strays, _ = leftover_processes()
     if strays:
         print("WARNING: leftover processes after the benchmark (now terminated):")
         for pid, cmd in sorted(strays.items()):

@@ -37,25 +37,32 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.metadata
 import os
 import platform
-import signal
 import statistics
 import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
+
+from _common import (
+    BENCH_TAG_VAR,
+    fmt,
+    leftover_processes,
+    load_average,
+    log,
+    ratio,
+    stop_strays,
+    version_of,
+)
 
 N_PROCS = 2
 MASTER = f"local-cluster[{N_PROCS},1,1024]"
 FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 EXECUTOR_WAIT_S = 60.0
 LEFTOVER_GRACE_S = 10.0
-BENCH_TAG_VAR = "SPARKTRAIN_BENCH_TAG"
 EXPECTED = float(N_PROCS)
 MIN_REPEAT = 3
 
@@ -116,96 +123,14 @@ class Mode:
         return statistics.median(self.samples) if self.samples else None
 
 
-def log(message: str) -> None:
-    """Progress line on stderr (the table goes to stdout)."""
-    print(f"[bench] {message}", file=sys.stderr, flush=True)
-
-
-def version_of(dist_name: str) -> str:
-    """Installed version of a distribution, without importing it."""
-    try:
-        return importlib.metadata.version(dist_name)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
-
-
-def load_average() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "unknown"
-
-
-def fmt(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.3f}"
-
-
-def ratio(num: float | None, den: float | None) -> float | None:
-    return None if num is None or den is None or den == 0 else num / den
-
-
 def first_line(exc: BaseException, limit: int = 300) -> str:
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text.splitlines()[0][:limit] if text else ''}"
 
 
 # --------------------------------------------------------------------------------------------
-# Leftover-process check (same scheme as benchmarks/launch.py)
+# Leftover-process report
 # --------------------------------------------------------------------------------------------
-
-
-def _has_tag(pid: int, tag: bytes) -> bool:
-    try:
-        return tag in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return False
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return ""
-    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
-
-
-def tagged_processes(exclude: frozenset[int] = frozenset()) -> dict[int, str]:
-    """Live processes (other than this one and ``exclude``) that carry this run's tag."""
-    tag = f"{BENCH_TAG_VAR}={os.environ.get(BENCH_TAG_VAR, '')}".encode()
-    skip = exclude | {os.getpid()}
-    found: dict[int, str] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) not in skip:
-            pid = int(entry.name)
-            if _has_tag(pid, tag):
-                cmd = _cmdline(pid)
-                if cmd:  # zombies have none
-                    found[pid] = cmd
-    return found
-
-
-def leftover_processes(
-    grace_s: float = LEFTOVER_GRACE_S, exclude: frozenset[int] = frozenset()
-) -> tuple[dict[int, str], float]:
-    """Tagged processes still alive after up to ``grace_s``; and how long it took to be clean."""
-    start = time.monotonic()
-    while True:
-        strays = tagged_processes(exclude)
-        waited = time.monotonic() - start
-        if not strays or waited >= grace_s:
-            return strays, waited
-        time.sleep(0.2)
-
-
-def stop_strays(strays: dict[int, str]) -> None:
-    """Terminate, by pid, leftover processes this benchmark started."""
-    for pid in strays:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    time.sleep(1.0)
-    for pid in strays:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
 
 
 def describe(cmd: str) -> str:
@@ -480,7 +405,7 @@ def check_leftovers() -> None:
     """After ``spark.stop()``: nothing tagged but the driver JVM; then stop that one too."""
     jvm = driver_jvm_pid()
     exclude = frozenset({jvm}) if jvm is not None else frozenset()
-    strays, waited = leftover_processes(exclude=exclude)
+    strays, waited = leftover_processes(LEFTOVER_GRACE_S, exclude)
     if strays:
         print_strays(
             f"WARNING: still running {LEFTOVER_GRACE_S:.0f}s after spark.stop() "
@@ -492,7 +417,7 @@ def check_leftovers() -> None:
         print(f"Executors, Python workers and ranks gone {waited:.1f}s after spark.stop().")
     code = shutdown_gateway()
     log(f"driver JVM (Py4J gateway) stopped, exit code {code}")
-    strays, _ = leftover_processes()
+    strays, _ = leftover_processes(LEFTOVER_GRACE_S)
     if strays:
         print_strays("WARNING: leftover processes after the benchmark (now terminated):", strays)
         stop_strays(strays)

@@ -1,0 +1,99 @@
+"""Helpers shared by the benchmark scripts: progress lines, formatting, the leftover check.
+
+Every process a benchmark starts inherits ``BENCH_TAG_VAR`` (JVMs, torchrun, fork servers and
+ranks included), so the leftover check counts this run's processes and never anyone else's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+BENCH_TAG_VAR = "SPARKTRAIN_BENCH_TAG"
+
+
+def log(message: str) -> None:
+    """Progress line on stderr (the table goes to stdout)."""
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+def version_of(dist_name: str) -> str:
+    """Installed version of a distribution, without importing it."""
+    try:
+        return importlib.metadata.version(dist_name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def load_average() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
+
+
+def fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def ratio(num: float | None, den: float | None) -> float | None:
+    return None if num is None or den is None or den == 0 else num / den
+
+
+def _has_tag(pid: int, tag: bytes) -> bool:
+    try:
+        return tag in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return ""
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
+
+
+def tagged_processes(exclude: frozenset[int] = frozenset()) -> dict[int, str]:
+    """Live processes (other than this one and ``exclude``) that carry this run's tag."""
+    tag = f"{BENCH_TAG_VAR}={os.environ.get(BENCH_TAG_VAR, '')}".encode()
+    skip = exclude | {os.getpid()}
+    found: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) not in skip:
+            pid = int(entry.name)
+            if _has_tag(pid, tag):
+                cmd = _cmdline(pid)
+                if cmd:  # zombies have none
+                    found[pid] = cmd
+    return found
+
+
+def leftover_processes(
+    grace_s: float = 3.0, exclude: frozenset[int] = frozenset()
+) -> tuple[dict[int, str], float]:
+    """Tagged processes still alive after up to ``grace_s``; and how long it took to be clean."""
+    start = time.monotonic()
+    while True:
+        strays = tagged_processes(exclude)
+        waited = time.monotonic() - start
+        if not strays or waited >= grace_s:
+            return strays, waited
+        time.sleep(0.2)
+
+
+def stop_strays(strays: dict[int, str]) -> None:
+    """Terminate, by pid, leftover processes this benchmark started."""
+    for pid in strays:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    time.sleep(1.0)
+    for pid in strays:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)

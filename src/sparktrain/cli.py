@@ -72,6 +72,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("script", help="path of the Python script")
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
     _add_plan_parser(commands)
+    from sparktrain.doctor.command import add_doctor_parser
+
+    add_doctor_parser(commands)
     return parser
 
 
@@ -135,6 +138,10 @@ def _log_ranks(text: str | None) -> list[int] | None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the process exit code."""
     options = _parser().parse_args(argv)
+    if options.command == "doctor":
+        from sparktrain.doctor.command import run_doctor
+
+        return run_doctor(options)
     if options.command == "plan":
         try:
             print(_plan(options))

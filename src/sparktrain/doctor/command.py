@@ -1,0 +1,83 @@
+"""The ``sparktrain doctor`` subcommand: its options, and the call of :func:`run_checks`.
+
+Exit codes: 0 when nothing blocks a launch (warnings allowed), 1 when a check has an error,
+2 for bad options (as ``sparktrain run``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from sparktrain.errors import ConfigError
+
+
+def add_doctor_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``doctor`` and its options to the ``sparktrain`` command."""
+    doctor = commands.add_parser(
+        "doctor",
+        help="check this machine (and a Spark cluster) for what a launch needs",
+        description="Check Python, torch, CUDA/NCCL, GPUs, gloo/NCCL, /dev/shm, ports, extras "
+        "and Java; with --spark-master, the cluster's executors, task slots and GPU settings. "
+        "Exit code 1 when something blocks a launch, 0 otherwise (warnings allowed).",
+    )
+    doctor.add_argument(
+        "--processes",
+        "--nproc",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the ranks you mean to launch: say whether N ranks (a barrier stage of their "
+        "tasks on Spark) would be accepted",
+    )
+    device = doctor.add_mutually_exclusive_group()
+    device.add_argument(
+        "--gpu", dest="use_gpu", action="store_true", default=None, help="a launch with GPUs"
+    )
+    device.add_argument("--cpu", dest="use_gpu", action="store_false", help="a CPU launch")
+    doctor.add_argument(
+        "--spark-master",
+        default=None,
+        metavar="URL",
+        help="start a Spark session on URL (spark://..., yarn, local-cluster[...], sc://...) "
+        "and check it; it is stopped afterwards",
+    )
+    doctor.add_argument(
+        "--spark-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting for that session (repeatable), e.g. spark.task.resource.gpu.amount=1",
+    )
+    doctor.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+
+def _conf(pairs: list[str]) -> dict[str, str]:
+    conf = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(
+                f"--spark-conf {pair!r} must be KEY=VALUE, e.g. spark.executor.cores=4"
+            )
+        conf[key.strip()] = value
+    return conf
+
+
+def run_doctor(options: argparse.Namespace) -> int:
+    """Run the checks the options ask for, print them; returns the exit code."""
+    from sparktrain.doctor.api import run_checks
+    from sparktrain.doctor.render import render_json, render_report
+
+    try:
+        report = run_checks(
+            processes=options.processes,
+            use_gpu=options.use_gpu,
+            spark_master=options.spark_master,
+            spark_conf=_conf(options.spark_conf),
+        )
+    except ConfigError as exc:
+        print(f"sparktrain: error: {exc}", file=sys.stderr)
+        return 2
+    print(render_json(report) if options.json else render_report(report))
+    return report.exit_code

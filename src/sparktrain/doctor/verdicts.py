@@ -1,0 +1,99 @@
+"""The values ``sparktrain doctor`` produces: one :class:`Check` per question, one report.
+
+Design choices:
+- A check is a frozen value (name, verdict, what was found, the fix, facts for programs); the
+  checks never print, so they can be tested and serialised without a terminal.
+- Four verdicts: ``ok``; ``info`` for a fact that needs no action (an extra not installed);
+  ``warning`` for something that may hurt (small ``/dev/shm``, no GPU); ``error`` for something
+  that blocks a launch. Only errors make the exit code non-zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Verdict = Literal["ok", "info", "warning", "error"]
+#: Verdicts from best to worst.
+VERDICTS: tuple[Verdict, ...] = ("ok", "info", "warning", "error")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Check:
+    """The answer to one question about the environment.
+
+    Attributes:
+        name: Short name of the question, e.g. ``"torch"`` or ``"spark.slots"``.
+        verdict: ``ok``, ``info``, ``warning`` or ``error`` (an error blocks a launch).
+        found: What was found, one line for people.
+        fix: What to do about it ("" when there is nothing to do).
+        facts: The same findings for programs (versions, counts, bytes).
+    """
+
+    name: str
+    verdict: Verdict
+    found: str
+    fix: str = ""
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The check as JSON-ready data."""
+        return {
+            "name": self.name,
+            "verdict": self.verdict,
+            "found": self.found,
+            "fix": self.fix,
+            "facts": dict(self.facts),
+        }
+
+
+@dataclass(frozen=True)
+class DoctorReport:
+    """Every check that ran, in order.
+
+    Attributes:
+        checks: The checks, local ones first, then Spark's when a session was examined.
+    """
+
+    checks: tuple[Check, ...]
+
+    @property
+    def errors(self) -> tuple[Check, ...]:
+        """The checks whose verdict blocks a launch."""
+        return tuple(c for c in self.checks if c.verdict == "error")
+
+    @property
+    def warnings(self) -> tuple[Check, ...]:
+        """The checks with a warning."""
+        return tuple(c for c in self.checks if c.verdict == "warning")
+
+    @property
+    def exit_code(self) -> int:
+        """1 when a check blocks a launch, else 0 (warnings do not fail)."""
+        return 1 if self.errors else 0
+
+    def get(self, name: str) -> Check:
+        """The check called ``name``.
+
+        Raises:
+            KeyError: No check of that name ran; the message lists those that did.
+        """
+        for check in self.checks:
+            if check.name == name:
+                return check
+        names = ", ".join(c.name for c in self.checks)
+        raise KeyError(f"no check named {name!r}; these ran: {names}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data: the checks, the counts and the exit code."""
+        counts = {v: sum(1 for c in self.checks if c.verdict == v) for v in VERDICTS}
+        return {
+            "exit_code": self.exit_code,
+            "counts": counts,
+            "checks": [c.to_dict() for c in self.checks],
+        }
+
+    def __str__(self) -> str:
+        from sparktrain.doctor.render import render_report
+
+        return render_report(self)

@@ -41,6 +41,7 @@ def test_public_names() -> None:
         "prepare_data_loader",
         "prepare_model",
         "prepare_optimizer",
+        "progress",
         "report",
         "restart_count",
         "shutdown_warm",

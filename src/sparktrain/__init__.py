@@ -19,7 +19,7 @@ from sparktrain.errors import (
     TrainingFailedError,
     TrainingTimeoutError,
 )
-from sparktrain.progress import report
+from sparktrain.reporting import progress, report
 
 if TYPE_CHECKING:
     from sparktrain import checkpoint
@@ -64,6 +64,7 @@ __all__ = [
     "prepare_data_loader",
     "prepare_model",
     "prepare_optimizer",
+    "progress",
     "report",
     "restart_count",
     "shutdown_warm",

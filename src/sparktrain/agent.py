@@ -226,17 +226,15 @@ class NodeAgent:
                     self.server.signal(pid, signal.SIGKILL)
             self._kill_at = None
 
-    def _on_output(self, fd: int, rank: int, stream: Stream | str) -> None:
+    def _on_output(self, fd: int, rank: int, stream: Stream) -> None:
         data = os.read(fd, 1 << 16)
         if data:
             self._last_progress = time.monotonic()
-            if stream != "report":  # reports only count as progress (for now)
-                self.sink.feed(rank, stream, data)  # type: ignore[arg-type]
+            self.sink.feed(rank, stream, data)
             return
         self._selector.unregister(fd)
         os.close(fd)
-        if stream != "report":
-            self.sink.close(rank, stream)  # type: ignore[arg-type]
+        self.sink.close(rank, stream)
 
     def _running(self) -> list[tuple[int, int]]:
         return [(r, pid) for r, pid in self._pids.items() if r not in self.outcome.exits]

@@ -19,6 +19,7 @@ from sparktrain.backends.local import run_local
 from sparktrain.entrypoint import Entrypoint, make_entrypoint
 from sparktrain.errors import ConfigError, SparkJobError, TrainingFailedError, TrainingTimeoutError
 from sparktrain.layout import LaunchPlan, make_cluster_plan, make_plan
+from sparktrain.monitor import Monitor, OnReport
 from sparktrain.results import RunResult
 from sparktrain.topology import Topology, detect_local
 
@@ -42,6 +43,8 @@ def launch(
     dataframe: Any = None,
     mlflow: bool | None = None,
     mlflow_strict: bool = False,
+    progress: bool | None = None,
+    on_report: OnReport | None = None,
 ) -> RunResult:
     """Run ``main`` on ``num_processes`` ranks and wait for them.
 
@@ -71,6 +74,13 @@ def launch(
             One run per launch, created here; ranks log to it with
             ``sparktrain.log_metrics`` etc. (rank 0 only).
         mlflow_strict: Raise instead of warning when the tracking server cannot be used.
+        progress: Draw a progress bar on the caller from rank 0's ``sparktrain.report()``
+            calls: ``True``, ``False``, or ``None`` for when the output is a terminal or a
+            notebook.
+        on_report: Called in the caller's thread with ``(rank, record)`` for every report
+            (``record``: ``step``, ``total``, ``metrics``, ``time``). Returning ``True`` stops
+            every rank; the result then has ``stopped=True``. An exception it raises stops
+            the run and is raised by ``launch``.
 
     Returns:
         A :class:`RunResult`; ``.value`` is rank 0's return value.
@@ -81,6 +91,41 @@ def launch(
             traceback and the stopped ranks.
     """
     entry = make_entrypoint(main, args, kwargs)
+    monitor = Monitor(progress=progress, on_report=on_report)
+    try:
+        result = _launch(
+            entry,
+            backend=backend,
+            num_processes=num_processes,
+            use_gpu=use_gpu,
+            monitor=monitor,
+            topology=topology,
+            dataframe=dataframe,
+            options=dict(timeout=timeout, log_ranks=log_ranks, return_all=return_all,
+                         max_restarts=max_restarts, hang_timeout=hang_timeout),
+            mlflow=mlflow,
+            mlflow_strict=mlflow_strict,
+        )  # fmt: skip
+    finally:
+        monitor.close()
+    if monitor.error is not None:
+        raise monitor.error
+    return result
+
+
+def _launch(
+    entry: Entrypoint,
+    *,
+    backend: str,
+    num_processes: int,
+    use_gpu: bool | None,
+    monitor: Monitor,
+    topology: Topology | None,
+    dataframe: Any,
+    options: dict[str, Any],
+    mlflow: bool | None,
+    mlflow_strict: bool,
+) -> RunResult:
     if backend == "spark":
         from sparktrain.backends import spark
 
@@ -89,17 +134,19 @@ def launch(
             num_processes,
             facts=spark.cluster_facts(session, num_processes),
             use_gpu=use_gpu,
-            timeout=timeout,
-            log_ranks=log_ranks,
-            return_all=return_all,
-            max_restarts=max_restarts,
-            hang_timeout=hang_timeout,
+            **options,
         )
         return _tracked(
             plan,
             "spark",
             lambda n, extra: spark.run_spark(
-                plan, entry, session, dataframe=dataframe, attempt=n, extra_env=extra
+                plan,
+                entry,
+                session,
+                dataframe=dataframe,
+                attempt=n,
+                extra_env=extra,
+                monitor=monitor,
             ),
             enabled=mlflow,
             strict=mlflow_strict,
@@ -112,25 +159,29 @@ def launch(
         num_processes,
         topology=topology,
         use_gpu=use_gpu,
-        timeout=timeout,
-        log_ranks=log_ranks,
-        return_all=return_all,
-        max_restarts=max_restarts,
-        hang_timeout=hang_timeout,
+        **options,
     )
     return _tracked(
-        plan, "local", _local_attempt(plan, entry, dataframe), enabled=mlflow, strict=mlflow_strict
+        plan,
+        "local",
+        _local_attempt(plan, entry, dataframe, monitor),
+        enabled=mlflow,
+        strict=mlflow_strict,
     )
 
 
-def _local_attempt(plan: LaunchPlan, entry: Entrypoint, dataframe: Any) -> Attempt:
+def _local_attempt(
+    plan: LaunchPlan, entry: Entrypoint, dataframe: Any, monitor: Monitor
+) -> Attempt:
     if dataframe is None:
-        return lambda n, extra: run_local(plan, entry, attempt=n, extra_env=extra)
+        return lambda n, extra: run_local(plan, entry, attempt=n, extra_env=extra, monitor=monitor)
     from sparktrain.backends.local_data import local_shares
 
     def attempt(n: int, extra: dict[str, str] | None) -> RunResult:
         with local_shares(dataframe, plan.world_size) as paths:
-            return run_local(plan, entry, data_paths=paths, attempt=n, extra_env=extra)
+            return run_local(
+                plan, entry, data_paths=paths, attempt=n, extra_env=extra, monitor=monitor
+            )
 
     return attempt
 

@@ -5,15 +5,25 @@ to the caller's ``sys.stdout`` / ``sys.stderr``, looked up at write time so that
 pytest's redirections see them. A partial line is held until its newline (or end of stream), so
 lines of different ranks never interleave mid-line. Each rank keeps its last stderr lines for the
 error message when it dies without a traceback.
+
+A third stream, ``"report"``, carries ``sparktrain.report()`` records as JSON lines: they are not
+printed but parsed and handed to :meth:`LogSink.reports`, which passes them to the run's
+:class:`~sparktrain.monitor.Monitor` (the progress bar, ``on_report``) or, inside a Spark task,
+sends them to the driver. While a progress bar is drawn, lines are written around it.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
+import json
 import sys
-from typing import Literal, TextIO
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
-Stream = Literal["stdout", "stderr"]
+if TYPE_CHECKING:
+    from sparktrain.monitor import Monitor
+
+Stream = Literal["stdout", "stderr", "report"]
 
 
 class LogSink:
@@ -27,6 +37,7 @@ class LogSink:
         tail_lines: int = 40,
         out: TextIO | None = None,
         err: TextIO | None = None,
+        monitor: Monitor | None = None,
     ) -> None:
         """Create a sink.
 
@@ -36,7 +47,9 @@ class LogSink:
             tail_lines: How many stderr lines to keep per rank.
             out: Where stdout lines go (default: ``sys.stdout`` at write time).
             err: Where stderr lines go (default: ``sys.stderr`` at write time).
+            monitor: Receives the ranks' reports and draws the progress bar lines go around.
         """
+        self.monitor = monitor
         self._shown = shown
         self._prefix = prefix
         self._out = out
@@ -76,6 +89,16 @@ class LogSink:
         return tuple(self._tails.get(rank, ()))
 
     def _emit(self, rank: int, stream: Stream, lines: list[str]) -> None:
+        if stream == "report":
+            records = []
+            for line in lines:
+                with contextlib.suppress(ValueError):
+                    record = json.loads(line)
+                    if isinstance(record, dict):
+                        records.append(record)
+            if records:
+                self.reports(rank, records)
+            return
         if stream == "stderr":
             self._tails[rank].extend(lines)
         if self._shown is not None and rank not in self._shown:
@@ -86,5 +109,11 @@ class LogSink:
         """Write whole lines of ``rank`` to the caller, prefixed (no filter, no tail)."""
         prefix = self._prefix.format(rank=rank, host=self._hosts.get(rank, ""))
         target = (self._err or sys.stderr) if stream == "stderr" else (self._out or sys.stdout)
-        target.write("".join(f"{prefix}{line}\n" for line in lines))
-        target.flush()
+        with self.monitor.around_bar() if self.monitor else contextlib.nullcontext():
+            target.write("".join(f"{prefix}{line}\n" for line in lines))
+            target.flush()
+
+    def reports(self, rank: int, records: list[dict[str, Any]]) -> None:
+        """Hand ``rank``'s parsed reports on (to the monitor; a Spark task sends them)."""
+        if self.monitor is not None:
+            self.monitor.reports(rank, records)

@@ -46,6 +46,8 @@ class RunResult:
         duration: Seconds from the launch call to the last rank's exit.
         nodes: Each node's report (host, ranks, GPUs), in node order.
         attempts: How many times the group was started (restarts + 1).
+        stopped: Whether ``on_report`` stopped the run before its ranks ended (values are those
+            of ranks that had returned by then).
     """
 
     return_values: Mapping[int, Any]
@@ -53,6 +55,7 @@ class RunResult:
     duration: float
     nodes: tuple[NodeReport, ...] = ()
     attempts: int = 1
+    stopped: bool = False
 
     @property
     def value(self) -> Any:
@@ -205,14 +208,21 @@ def finish(
     timeout: float | None,
     duration: float,
     hang_timeout: float | None = None,
+    stopped: bool = False,
 ) -> RunResult:
-    """Merge every node's report into the caller's result, or raise the run's one error."""
+    """Merge every node's report into the caller's result, or raise the run's one error.
+
+    ``stopped``: the caller asked for the stop (``on_report``); ranks it ended are not failures.
+    """
     setup = sorted({e for report in reports for e in report.setup_errors})
     if setup:
         raise ConfigError("the ranks were not started: " + "; ".join(setup))
     agents = [report.agent_error for report in reports if report.agent_error]
     if agents:
         raise SparkJobError("a node agent failed: " + "; ".join(agents))
+    if stopped:
+        values = {r: cloudpickle.loads(v) for report in reports for r, v in report.values.items()}
+        return RunResult(values, world_size, duration, tuple(reports), stopped=True)
     failures = {r: f for report in reports for r, f in report.failures.items()}
     if any(report.hung or report.running_at_timeout for report in reports):
         # Nodes keep their own clocks: when one stops its ranks for a hang or a timeout, peers

@@ -30,6 +30,7 @@ from typing import Any
 
 import cloudpickle
 
+from sparktrain import reporting
 from sparktrain.entrypoint import ScriptEntry
 
 _PR_SET_PDEATHSIG = 1
@@ -236,9 +237,7 @@ def run_rank(req: RankRequest, report_fd: int, listen_fd: int | None, parent: in
     try:
         _die_with_parent(parent)
         _become_caller(req)
-        from sparktrain import progress
-
-        progress.attach(report_fd)
+        reporting.attach(report_fd)
         if req.data_path is not None:
             from sparktrain.data import shard
 
@@ -259,5 +258,6 @@ def run_rank(req: RankRequest, report_fd: int, listen_fd: int | None, parent: in
         _record_failure(req, exc)
         return 1
     finally:
+        reporting.flush()  # the newest report, held back by coalescing, still arrives
         del store
     return 0

@@ -20,6 +20,7 @@ from sparktrain.backends.ranks import NodeLayout, rank_requests
 from sparktrain.entrypoint import Entrypoint, FunctionEntry, ScriptEntry
 from sparktrain.layout import LaunchPlan
 from sparktrain.logs import LogSink
+from sparktrain.monitor import Monitor
 from sparktrain.results import RunResult, finish, node_report
 from sparktrain.worker import payload_path
 
@@ -42,6 +43,7 @@ def run_local(
     data_paths: list[str] | None = None,
     attempt: int = 0,
     extra_env: dict[str, str] | None = None,
+    monitor: Monitor | None = None,
 ) -> RunResult:
     """Run ``entry`` on ``plan.world_size`` ranks on this machine; see :func:`sparktrain.launch`."""
     started = time.monotonic()
@@ -72,7 +74,7 @@ def run_local(
             data_paths=dict(enumerate(data_paths)) if data_paths else None,
             extra_env=extra_env,
         )
-        sink = sink or LogSink(plan.log_ranks)
+        sink = sink or LogSink(plan.log_ranks, monitor=monitor)
         server = warm.acquire(env.caller_environ())
         agent = NodeAgent(
             server,
@@ -82,6 +84,7 @@ def run_local(
             timeout=plan.timeout,
             grace=plan.stop_grace,
             hang_timeout=plan.hang_timeout,
+            control=monitor,
         )
         try:
             outcome = agent.run()
@@ -102,6 +105,7 @@ def run_local(
             timeout=plan.timeout,
             duration=time.monotonic() - started,
             hang_timeout=plan.hang_timeout,
+            stopped=monitor is not None and monitor.stop_requested(),
         )
     finally:
         listener.close()

@@ -29,6 +29,7 @@ from sparktrain.entrypoint import Entrypoint, FunctionEntry, ScriptEntry
 from sparktrain.errors import ConfigError, SparkJobError
 from sparktrain.layout import ClusterFacts, LaunchPlan
 from sparktrain.logs import LogSink
+from sparktrain.monitor import Monitor
 from sparktrain.results import NodeReport, RunResult, finish
 
 SCHEMA = "node long, report binary"
@@ -202,8 +203,10 @@ def run_spark(
     dataframe: Any = None,
     attempt: int = 0,
     extra_env: dict[str, str] | None = None,
+    monitor: Monitor | None = None,
 ) -> RunResult:
     """Run ``entry`` on ``plan.nodes`` barrier tasks of ``session``'s cluster."""
+    monitor = monitor or Monitor(progress=False)
     started = time.monotonic()
     channel = ChannelServer(_channel_host(session), secrets.token_bytes(32))
     try:
@@ -232,7 +235,7 @@ def run_spark(
             frame, fallback = session.range(0, plan.nodes, 1, plan.nodes), None
         else:
             frame, fallback = _partitioned(dataframe, plan.nodes)
-        reports = _follow(_Job(session, frame, spec, fallback), channel, plan)
+        reports = _follow(_Job(session, frame, spec, fallback), channel, plan, monitor)
     finally:
         channel.close()
     return finish(
@@ -241,14 +244,15 @@ def run_spark(
         timeout=plan.timeout,
         duration=time.monotonic() - started,
         hang_timeout=plan.hang_timeout,
+        stopped=monitor.stop_requested(),
     )
 
 
 class _Printer:
     """Handles the nodes' messages on the driver: prints lines, notes hosts, failures, byes."""
 
-    def __init__(self, log_ranks: frozenset[int] | None) -> None:
-        self.sink = LogSink(log_ranks, prefix="[rank {rank} {host}] ")
+    def __init__(self, log_ranks: frozenset[int] | None, monitor: Monitor) -> None:
+        self.sink = LogSink(log_ranks, prefix="[rank {rank} {host}] ", monitor=monitor)
         self.hosts: dict[int, str] = {}
         self.byes = 0
 
@@ -259,6 +263,8 @@ class _Printer:
             rank = message["rank"]
             self.sink.set_host(rank, self.hosts.get(rank, "?"))
             self.sink.write(rank, message["stream"], message["lines"])
+        elif kind == "report":
+            self.sink.reports(message["rank"], message["records"])
         elif kind == "hello":
             self.hosts.update({rank: message["host"] for rank in message["ranks"]})
         elif kind == "bye":
@@ -273,16 +279,19 @@ def _next(channel: ChannelServer, wait: float) -> dict[str, Any] | None:
         return None
 
 
-def _follow(job: _Job, channel: ChannelServer, plan: LaunchPlan) -> list[NodeReport]:
-    printer = _Printer(plan.log_ranks)
+def _follow(
+    job: _Job, channel: ChannelServer, plan: LaunchPlan, monitor: Monitor
+) -> list[NodeReport]:
+    printer = _Printer(plan.log_ranks, monitor)
     cancel_at: float | None = None
     first_failure: dict[str, Any] | None = None
     job.thread.start()
     try:
         while job.thread.is_alive():
             message = _next(channel, 0.2)
-            if message is not None and printer.handle(message) and first_failure is None:
-                first_failure = message
+            failed = message is not None and printer.handle(message) and first_failure is None
+            if failed or (monitor.stop_requested() and cancel_at is None):
+                first_failure = message if failed else first_failure
                 channel.broadcast({"op": "stop"})  # the first failure stops every node
                 cancel_at = time.monotonic() + CANCEL_AFTER + plan.stop_grace
             if cancel_at is not None and time.monotonic() > cancel_at:

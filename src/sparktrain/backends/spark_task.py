@@ -92,6 +92,10 @@ class ChannelSink(LogSink):
         """Send the lines (prefixing happens on the driver)."""
         self.channel.send({"kind": "log", "rank": rank, "stream": stream, "lines": lines})
 
+    def reports(self, rank: int, records: list[dict[str, Any]]) -> None:
+        """Send the reports to the driver's monitor."""
+        self.channel.send({"kind": "report", "rank": rank, "records": records})
+
 
 def _gpus(ctx: Any, spec: TaskSpec) -> tuple[str, ...]:
     if not spec.use_gpu:

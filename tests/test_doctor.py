@@ -14,8 +14,9 @@ import pytest
 
 from conftest import FAST_JVM
 from sparktrain.doctor import run_checks
-from sparktrain.doctor.checks import shm_check
+from sparktrain.doctor.probe import probe_verdict
 from sparktrain.doctor.spark_checks import gpu_settings_check
+from sparktrain.doctor.system import shm_check
 
 
 def _doctor(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -179,3 +180,28 @@ def test_import_is_cheap() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_probe_runs_a_real_barrier_stage(spark: Any) -> None:
+    report = run_checks(spark, processes=2, probe=True)
+    probe = report.get("spark.probe")
+    assert probe.verdict == "ok", probe.found
+    rows = probe.facts["rows"]
+    assert len(rows) == 2
+    assert {r["executable"] for r in rows} == {sys.executable}
+    assert {r["torch"] for r in rows} == {metadata.version("torch")}
+    skipped = run_checks(spark, processes=8, probe=True).get("spark.probe")
+    assert skipped.verdict == "info" and "not run" in skipped.found
+
+
+def test_probe_verdict_names_the_missing_package() -> None:
+    good = {"host": "h1", "python": "3.11.7", "executable": "/venv/bin/python"}
+    good |= {"sparktrain": "0.1.0", "torch": "2.13.0"}
+    bad = {**good, "host": "h2", "executable": "/usr/bin/python3", "torch": "error: not installed"}
+    check = probe_verdict([good, bad], driver_python="3.11.7")
+    assert check.verdict == "error"
+    assert "1 of 2" in check.found and "/usr/bin/python3" in check.found
+    assert "PYSPARK_PYTHON" in check.fix
+    older = probe_verdict([{**good, "python": "3.10.4"}], driver_python="3.11.7")
+    assert older.verdict == "error" and "Python 3.10.4" in older.found
+    assert probe_verdict([good, good], driver_python="3.11.2").verdict == "ok"

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from sparktrain.doctor import checks, extras, spark_checks
+from sparktrain.doctor import checks, extras, spark_checks, system
 from sparktrain.doctor.verdicts import Check, DoctorReport
 from sparktrain.errors import ConfigError
 
@@ -28,6 +28,7 @@ def run_checks(
     spark_master: str | None = None,
     spark_conf: Mapping[str, str] | None = None,
     use_active_session: bool = True,
+    probe: bool = False,
 ) -> DoctorReport:
     """Check this machine, and a Spark session when there is one, for what a launch needs.
 
@@ -43,6 +44,9 @@ def run_checks(
         spark_conf: Settings for the session started for ``spark_master``.
         use_active_session: Examine the active SparkSession when neither ``spark`` nor
             ``spark_master`` is given.
+        probe: With a session, also run a real barrier stage of the launch's tasks (1 task
+            without ``processes``) when the slots allow it, to see that the tasks start together
+            and that the executors' Python has sparktrain and torch.
 
     Returns:
         The report; ``report.exit_code`` is 1 when an error blocks a launch.
@@ -65,8 +69,8 @@ def run_checks(
     gpus = int(found[-1].facts.get("count", 0))
     found += [
         checks.backends_check(gpus=gpus if use_gpu is not False else 0),
-        checks.shm_check(checks.shm_size()),
-        checks.ports_check(),
+        system.shm_check(system.shm_size()),
+        system.ports_check(),
         *extras.extras_checks(),
         extras.java_check(
             needed=spark is None and bool(spark_master) and not _is_remote(spark_master)
@@ -85,20 +89,38 @@ def run_checks(
             found.append(checks.local_launch_check(processes, use_gpu=use_gpu))
         return DoctorReport(tuple(found))
     try:
-        found += _spark(session, processes, use_gpu=use_gpu, wait=started and _waits(session))
+        wait = started and _waits(session)
+        found += _spark(session, processes, use_gpu=use_gpu, wait=wait, probe=probe)
     finally:
         if started:
             session.stop()
     return DoctorReport(tuple(found))
 
 
-def _spark(session: Any, processes: int | None, *, use_gpu: bool | None, wait: bool) -> list[Check]:
-    return [
+def _spark(
+    session: Any, processes: int | None, *, use_gpu: bool | None, wait: bool, probe: bool
+) -> list[Check]:
+    found = [
         spark_checks.session_check(session),
         spark_checks.executors_check(session),
         spark_checks.gpu_settings_check(session, use_gpu=use_gpu),
         *spark_checks.slots_and_launch_checks(session, processes, use_gpu=use_gpu, wait=wait),
     ]
+    if probe:
+        from sparktrain.doctor.probe import probe_check
+
+        if any(c.verdict == "error" for c in found):
+            found.append(
+                Check(
+                    name="spark.probe",
+                    verdict="info",
+                    found="not run: the checks above found an error a barrier stage would hit",
+                )
+            )
+        else:
+            tasks = int(found[-1].facts.get("tasks", 1)) if processes else 1
+            found.append(probe_check(session, tasks))
+    return found
 
 
 def _is_remote(master: str | None) -> bool:

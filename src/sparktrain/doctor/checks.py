@@ -1,11 +1,10 @@
-"""Checks of this machine, and whether a local launch of N ranks would be accepted.
+"""Checks of the training stack here, and whether a local launch of N ranks would be accepted.
 
-Python, torch, CUDA and NCCL, GPUs, process-group backends, /dev/shm, loopback ports.
+Python, torch, CUDA and NCCL, GPUs, process-group backends (the operating system's part, shared
+memory and ports, is in :mod:`sparktrain.doctor.system`).
 
 Design choices:
-- Each check is a function returning a :class:`~sparktrain.doctor.verdicts.Check`; the pure
-  decision (``shm_check(size)``) is split from the probe where the probe is the hard part to
-  fake, so a test can feed it the small value it cannot create.
+- Each check is a function returning a :class:`~sparktrain.doctor.verdicts.Check`.
 - torch is imported (it is a dependency and the question is about it), but no CUDA context is
   created beyond reading device properties, and no process is started.
 - The local launch check calls the launcher's own planner (:func:`sparktrain.layout.make_plan`)
@@ -15,7 +14,6 @@ Design choices:
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from types import ModuleType
 
@@ -24,19 +22,14 @@ from sparktrain.errors import ConfigError
 
 MIN_PYTHON = (3, 10)
 MIN_TORCH = (2, 3)
-#: Below this, /dev/shm is too small for DataLoader workers and NCCL's shared-memory transport.
-MIN_SHM_BYTES = 1 << 30
-SHM_FIX = (
-    "raise it: docker run --shm-size=8g (or --ipc=host); on Kubernetes mount an emptyDir with "
-    "medium: Memory at /dev/shm; on a host, mount -o remount,size=8G /dev/shm"
-)
 CUDA_TORCH_FIX = (
     "install a CUDA build of torch that matches the driver, e.g. "
     "pip install torch --index-url https://download.pytorch.org/whl/cu126"
 )
 
 
-def _gib(size: int) -> str:
+def gib(size: int) -> str:
+    """``size`` bytes in GiB with one decimal: ``"23.5 GiB"``."""
     return f"{size / (1 << 30):.1f} GiB"
 
 
@@ -187,7 +180,7 @@ def gpus_check(*, use_gpu: bool | None = None) -> Check:
             props = torch.cuda.get_device_properties(index)
             devices.append({"name": props.name, "memory": int(props.total_memory)})
     facts["devices"] = devices
-    shown = ", ".join(f"{d['name']} {_gib(int(d['memory']))}" for d in devices)
+    shown = ", ".join(f"{d['name']} {gib(int(d['memory']))}" for d in devices)
     return Check(name="gpus", verdict="ok", found=f"{len(addresses)} GPU(s): {shown}", facts=facts)
 
 
@@ -222,84 +215,6 @@ def backends_check(*, gpus: int = 0) -> Check:
             facts=facts,
         )
     return Check(name="backends", verdict="ok", found=found, facts=facts)
-
-
-def shm_check(size: int | None) -> Check:
-    """The verdict on a ``/dev/shm`` of ``size`` bytes (``None``: no /dev/shm)."""
-    if size is None:
-        return Check(
-            name="shm",
-            verdict="warning",
-            found="/dev/shm does not exist; DataLoader workers and NCCL need shared memory",
-            fix=SHM_FIX,
-            facts={"bytes": None},
-        )
-    facts = {"bytes": size, "minimum": MIN_SHM_BYTES}
-    if size < MIN_SHM_BYTES:
-        return Check(
-            name="shm",
-            verdict="warning",
-            found=f"/dev/shm is {_gib(size)}, under {_gib(MIN_SHM_BYTES)}: DataLoader workers "
-            "and NCCL can fail with 'No space left on device' or bus errors",
-            fix=SHM_FIX,
-            facts=facts,
-        )
-    return Check(name="shm", verdict="ok", found=f"/dev/shm is {_gib(size)}", facts=facts)
-
-
-def shm_size(path: str = "/dev/shm") -> int | None:
-    """The size in bytes of the file system at ``path``, or ``None`` when it is missing."""
-    try:
-        stat = os.statvfs(path)
-    except OSError:
-        return None
-    return stat.f_frsize * stat.f_blocks
-
-
-def ports_check() -> Check:
-    """Whether a free port can be bound on loopback and on this host's address."""
-    host = socket.gethostname()
-    facts: dict[str, object] = {"hostname": host}
-    try:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            facts["loopback_port"] = probe.getsockname()[1]
-    except OSError as exc:
-        return Check(
-            name="ports",
-            verdict="error",
-            found=f"cannot bind a port on 127.0.0.1 ({exc})",
-            fix="the rendezvous needs a free TCP port: check the firewall/sandbox and "
-            "ip_local_port_range",
-            facts=facts,
-        )
-    try:
-        address = socket.gethostbyname(host)
-    except OSError as exc:
-        return Check(
-            name="ports",
-            verdict="warning",
-            found=f"loopback ports bind, but host name {host!r} does not resolve ({exc})",
-            fix=f"add {host} to /etc/hosts or DNS: other nodes reach rank 0 by its address",
-            facts=facts,
-        )
-    facts["address"] = address
-    if address.startswith("127.") or address == "::1":
-        return Check(
-            name="ports",
-            verdict="info",
-            found=f"free ports bind on loopback; host name {host} resolves to {address} "
-            "(loopback): fine on one machine, but other nodes cannot reach it by that name",
-            fix=f"for multi-node runs, map {host} to a routable address (/etc/hosts or DNS), "
-            "or set spark.driver.host",
-            facts=facts,
-        )
-    return Check(
-        name="ports",
-        verdict="ok",
-        found=f"free ports bind on loopback; {host} resolves to {address}",
-        facts=facts,
-    )
 
 
 def local_launch_check(processes: int, *, use_gpu: bool | None = None) -> Check:

@@ -49,6 +49,12 @@ def add_doctor_parser(commands: argparse._SubParsersAction[argparse.ArgumentPars
         metavar="KEY=VALUE",
         help="a setting for that session (repeatable), e.g. spark.task.resource.gpu.amount=1",
     )
+    doctor.add_argument(
+        "--probe",
+        action="store_true",
+        help="with a Spark session, run a real barrier stage of the launch's tasks and check "
+        "the executors' Python (sparktrain, torch, version)",
+    )
     doctor.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
@@ -75,6 +81,7 @@ def run_doctor(options: argparse.Namespace) -> int:
             use_gpu=options.use_gpu,
             spark_master=options.spark_master,
             spark_conf=_conf(options.spark_conf),
+            probe=options.probe,
         )
     except ConfigError as exc:
         print(f"sparktrain: error: {exc}", file=sys.stderr)

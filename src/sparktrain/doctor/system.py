@@ -1,0 +1,98 @@
+"""Checks of the operating system's part of a launch: shared memory and ports.
+
+Design choice: the pure decision (``shm_check(size)``) is split from the probe (``shm_size()``),
+so a test can feed the decision the small /dev/shm it cannot create.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from sparktrain.doctor.checks import gib
+from sparktrain.doctor.verdicts import Check
+
+#: Below this, /dev/shm is too small for DataLoader workers and NCCL's shared-memory transport.
+MIN_SHM_BYTES = 1 << 30
+SHM_FIX = (
+    "raise it: docker run --shm-size=8g (or --ipc=host); on Kubernetes mount an emptyDir with "
+    "medium: Memory at /dev/shm; on a host, mount -o remount,size=8G /dev/shm"
+)
+
+
+def shm_check(size: int | None) -> Check:
+    """The verdict on a ``/dev/shm`` of ``size`` bytes (``None``: no /dev/shm)."""
+    if size is None:
+        return Check(
+            name="shm",
+            verdict="warning",
+            found="/dev/shm does not exist; DataLoader workers and NCCL need shared memory",
+            fix=SHM_FIX,
+            facts={"bytes": None},
+        )
+    facts = {"bytes": size, "minimum": MIN_SHM_BYTES}
+    if size < MIN_SHM_BYTES:
+        return Check(
+            name="shm",
+            verdict="warning",
+            found=f"/dev/shm is {gib(size)}, under {gib(MIN_SHM_BYTES)}: DataLoader workers "
+            "and NCCL can fail with 'No space left on device' or bus errors",
+            fix=SHM_FIX,
+            facts=facts,
+        )
+    return Check(name="shm", verdict="ok", found=f"/dev/shm is {gib(size)}", facts=facts)
+
+
+def shm_size(path: str = "/dev/shm") -> int | None:
+    """The size in bytes of the file system at ``path``, or ``None`` when it is missing."""
+    try:
+        stat = os.statvfs(path)
+    except OSError:
+        return None
+    return stat.f_frsize * stat.f_blocks
+
+
+def ports_check() -> Check:
+    """Whether a free port can be bound on loopback and on this host's address."""
+    host = socket.gethostname()
+    facts: dict[str, object] = {"hostname": host}
+    try:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            facts["loopback_port"] = probe.getsockname()[1]
+    except OSError as exc:
+        return Check(
+            name="ports",
+            verdict="error",
+            found=f"cannot bind a port on 127.0.0.1 ({exc})",
+            fix="the rendezvous needs a free TCP port: check the firewall/sandbox and "
+            "ip_local_port_range",
+            facts=facts,
+        )
+    try:
+        address = socket.gethostbyname(host)
+    except OSError as exc:
+        return Check(
+            name="ports",
+            verdict="warning",
+            found=f"loopback ports bind, but host name {host!r} does not resolve ({exc})",
+            fix=f"add {host} to /etc/hosts or DNS: other nodes reach rank 0 by its address",
+            facts=facts,
+        )
+    facts["address"] = address
+    if address.startswith("127.") or address == "::1":
+        return Check(
+            name="ports",
+            verdict="info",
+            found=f"free ports bind on loopback; host name {host} resolves to {address} "
+            "(loopback): fine on one machine, but other nodes cannot reach it by that name",
+            fix=f"for multi-node runs, map {host} to a routable address (/etc/hosts or DNS), "
+            "or set spark.driver.host",
+            facts=facts,
+        )
+    return Check(
+        name="ports",
+        verdict="ok",
+        found=f"free ports bind on loopback; {host} resolves to {address}",
+        facts=facts,
+    )

@@ -129,3 +129,8 @@ def restart_count() -> int:
 def contract_rank() -> int:
     """Inside a rank: its global rank from the contract (``RANK``), 0 outside any launch."""
     return int(os.environ.get("RANK", "0") or "0")
+
+
+def contract_int(name: str, default: int) -> int:
+    """Inside a rank: the contract's integer ``name`` (``LOCAL_RANK``, ...), else ``default``."""
+    return int(os.environ.get(name, "") or default)

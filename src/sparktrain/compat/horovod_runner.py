@@ -1,0 +1,138 @@
+"""``HorovodRunner``, call-compatible with Databricks' ``sparkdl.HorovodRunner``.
+
+``HorovodRunner(np=4).run(train_hvd, **kwargs)`` keeps the real runner's meaning of ``np``:
+
+- ``np > 0``: ``np`` ranks as barrier tasks of the active SparkSession;
+- ``np < 0``: ``-np`` ranks on this machine (the driver), the runner's debug mode;
+- ``np = 0``: every task slot of the cluster (every GPU of a GPU cluster).
+
+(Some articles say ``np=-1`` uses every GPU of the cluster; with the real runner it starts one
+local process, and so it does here, so that existing notebooks behave as before.)
+
+Inside the ranks, ``import horovod.torch as hvd`` gives :mod:`sparktrain.horovod.torch` when
+Horovod is not installed, so ``hvd.init()``, ``hvd.DistributedOptimizer`` and
+``hvd.broadcast_parameters`` run unchanged on ``torch.distributed``. The function travels as
+pickled bytes inside :func:`sparktrain.horovod.alias.run_with_alias`, which installs that alias
+before unpickling it. Errors, logs and return values are those of :class:`TorchDistributor`:
+rank 0's value comes back, a failure names the rank that failed first.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import cloudpickle
+
+from sparktrain.compat.torch_distributor import TorchDistributor
+from sparktrain.entrypoint import make_entrypoint
+from sparktrain.errors import ConfigError
+from sparktrain.horovod.alias import run_with_alias
+
+Verbosity = Literal["all", "log_callback_only"]
+
+
+def cluster_slots(use_gpu: bool | None) -> int:
+    """Ranks that ``np=0`` starts: the cluster's task slots, times the GPUs per task on GPU."""
+    from sparktrain.backends import spark
+
+    session = _session(0)
+    facts = spark.cluster_facts(session, 1)
+    if facts.slots is None:
+        raise ConfigError(
+            "np=0 uses every task slot of the cluster, but a Spark Connect session cannot "
+            "report them; pass the number of processes, e.g. np=4."
+        )
+    gpu = use_gpu is True or (use_gpu is None and facts.task_gpus > 0)
+    return facts.slots * (max(1, facts.task_gpus) if gpu else 1)
+
+
+def _session(np: int) -> Any:
+    from sparktrain.backends import spark
+
+    try:
+        return spark.active_session()
+    except ConfigError:
+        raise ConfigError(
+            f"np={np} runs on the Spark cluster, which needs an active SparkSession; create one "
+            f"first, or pass np={-max(np, 1)} to run {max(np, 1)} process(es) on this machine."
+        ) from None
+
+
+class HorovodRunner:
+    """Run a Horovod training function on ``np`` processes (Databricks' signature)."""
+
+    def __init__(
+        self,
+        np: int,
+        driver_log_verbosity: Verbosity = "all",
+        *,
+        use_gpu: bool | None = None,
+        timeout: float | None = None,
+        max_restarts: int = 0,
+        hang_timeout: float | None = None,
+        mlflow: bool | None = None,
+    ) -> None:
+        """Describe the run; input is checked here, before anything starts.
+
+        Args:
+            np: ``> 0``: that many ranks on Spark; ``< 0``: ``-np`` ranks on this machine;
+                ``0``: every task slot (or GPU) of the Spark cluster.
+            driver_log_verbosity: ``"all"`` shows every rank's output; ``"log_callback_only"``
+                shows rank 0's only (there is no separate log callback here).
+            use_gpu: ``True``, ``False``, or ``None`` for GPUs when there are some (sparktrain's
+                addition; Databricks decides from the cluster).
+            timeout: Seconds after which the run is stopped.
+            max_restarts: Restarts of the whole group after a failure.
+            hang_timeout: Seconds without progress before a hang is reported.
+            mlflow: Track the run in MLflow (``None``: when the caller has an active run).
+
+        Raises:
+            ConfigError: ``np`` is not an int, a bad verbosity, or the layout does not fit.
+        """
+        if isinstance(np, bool) or not isinstance(np, int):
+            raise ConfigError(
+                f"np={np!r} ({type(np).__name__}) must be an int: np>0 runs np processes on "
+                "the Spark cluster, np<0 runs -np processes on this machine, np=0 uses every "
+                "task slot of the cluster."
+            )
+        if driver_log_verbosity not in ("all", "log_callback_only"):
+            raise ConfigError(
+                f"driver_log_verbosity={driver_log_verbosity!r} must be 'all' or "
+                "'log_callback_only'."
+            )
+        self.np = np
+        self.driver_log_verbosity = driver_log_verbosity
+        if np > 0:
+            _session(np)
+        processes = -np if np < 0 else (np or cluster_slots(use_gpu))
+        self._distributor = TorchDistributor(
+            processes,
+            np < 0,
+            use_gpu,
+            timeout=timeout,
+            log_ranks=None if driver_log_verbosity == "all" else (0,),
+            max_restarts=max_restarts,
+            hang_timeout=hang_timeout,
+            mlflow=mlflow,
+        )
+        self.num_processes = processes
+
+    def run(self, main: Any, **kwargs: Any) -> Any:
+        """Run ``main(**kwargs)`` on every rank and return rank 0's value.
+
+        Args:
+            main: The training function; ``import horovod.torch as hvd`` works inside it (or
+                at the top of its module) without Horovod installed.
+            **kwargs: Keyword arguments for ``main``.
+
+        Returns:
+            Rank 0's return value.
+
+        Raises:
+            ConfigError: ``main`` is not a function, or it or its arguments do not pickle.
+            TrainingFailedError: A rank failed; the message names it with its traceback.
+        """
+        if not callable(main):
+            raise ConfigError(f"main={main!r} must be the training function (a callable)")
+        make_entrypoint(main, (), kwargs)  # names what does not pickle, before anything starts
+        return self._distributor.run(run_with_alias, cloudpickle.dumps((main, kwargs)))

@@ -5,6 +5,9 @@ Each rank gets the torch contract (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
 variables that make frameworks (Lightning, Accelerate, DeepSpeed) treat the process as an
 already-launched rank. ``TORCHELASTIC_USE_AGENT_STORE=True`` tells ``init_process_group`` to join
 the store that sparktrain hosts on a port it already holds, so two runs never race for a port.
+CPU ranks also get ``ACCELERATE_USE_CPU=true``, so that Accelerate (and with it the Hugging Face
+``Trainer``) runs them as one gloo job: without it, Accelerate trains each rank alone on a machine
+without CUDA, and puts the ranks on GPUs where the run asked for CPU.
 Nothing else in sparktrain passes values through environment variables.
 """
 
@@ -32,6 +35,7 @@ CONTRACT_VARS = (
     "TORCHELASTIC_RESTART_COUNT",
     "TORCHELASTIC_MAX_RESTARTS",
     "TORCHELASTIC_USE_AGENT_STORE",
+    "ACCELERATE_USE_CPU",
 )
 
 
@@ -92,6 +96,8 @@ class RankEnv:
         }
         if self.visible_devices is not None:
             out["CUDA_VISIBLE_DEVICES"] = ",".join(self.visible_devices)
+        else:
+            out["ACCELERATE_USE_CPU"] = "true"
         return out
 
 

@@ -95,6 +95,7 @@ def test_too_few_spark_slots_blocks_through_the_cli() -> None:
     barrier = _line(done.stdout, "spark.barrier")
     assert barrier.split()[0] == "ERROR" and "1 task slot(s)" in barrier
     assert "fix: pass 1 processes or fewer (--processes 1)" in done.stdout
+    assert "a master of local[2] or more" in done.stdout
 
 
 def test_bad_options_exit_two() -> None:

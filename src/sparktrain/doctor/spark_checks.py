@@ -183,7 +183,7 @@ def slots_and_launch_checks(
         use_gpu: The launch's ``use_gpu`` (``None``: GPUs when tasks get them).
         wait: Give executors that are still registering the launch's time to appear.
     """
-    from sparktrain.backends.spark import SLOT_WAIT_SECONDS, cluster_facts
+    from sparktrain.backends.spark import SLOT_WAIT_SECONDS, cluster_facts, is_connect
 
     try:
         facts = cluster_facts(session, processes if wait and processes else 1)
@@ -219,12 +219,13 @@ def slots_and_launch_checks(
             )
         ]
     if processes is not None:
-        checks.append(_barrier_check(processes, facts, per_task, use_gpu))
+        local = not is_connect(session) and _is_local(str(session.sparkContext.master))
+        checks.append(_barrier_check(processes, facts, per_task, use_gpu, local=local))
     return checks
 
 
 def _barrier_check(
-    processes: int, facts: ClusterFacts, per_task: int, use_gpu: bool | None
+    processes: int, facts: ClusterFacts, per_task: int, use_gpu: bool | None, *, local: bool
 ) -> Check:
     from sparktrain.layout import make_cluster_plan
 
@@ -234,12 +235,16 @@ def _barrier_check(
     except ConfigError as exc:
         tasks = -(-processes // per_task)
         if facts.slots is not None and tasks > facts.slots:
-            fix = (
-                f"pass {facts.slots * per_task} processes or fewer (--processes "
-                f"{facts.slots * per_task}), or give the cluster {tasks} task slots: more "
-                "executors (spark.executor.instances), more cores per executor "
+            more = (
+                f"a master of local[{tasks}] or more"
+                if local
+                else "more executors (spark.executor.instances), more cores per executor "
                 "(spark.executor.cores)"
                 + (", or more GPUs per executor" if facts.task_gpus else "")
+            )
+            fix = (
+                f"pass {facts.slots * per_task} processes or fewer (--processes "
+                f"{facts.slots * per_task}), or give the cluster {tasks} task slots: {more}"
             )
         else:
             fix = "change the value the message names"

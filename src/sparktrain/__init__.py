@@ -24,6 +24,8 @@ from sparktrain.reporting import progress, report
 if TYPE_CHECKING:
     from sparktrain import checkpoint
     from sparktrain.compat.deepspeed_distributor import DeepspeedTorchDistributor
+    from sparktrain.compat.horovod_runner import HorovodRunner
+    from sparktrain.compat.tensorflow_runner import MirroredStrategyRunner
     from sparktrain.compat.torch_distributor import TorchDistributor
     from sparktrain.launcher import launch
     from sparktrain.layout import LaunchPlan
@@ -44,7 +46,9 @@ __all__ = [
     "ConfigError",
     "DeepspeedTorchDistributor",
     "HangError",
+    "HorovodRunner",
     "LaunchPlan",
+    "MirroredStrategyRunner",
     "RankFailure",
     "RunResult",
     "SparkJobError",
@@ -76,6 +80,8 @@ _LAZY = {
         "DeepspeedTorchDistributor",
     ),
     "checkpoint": ("sparktrain", "checkpoint"),
+    "HorovodRunner": ("sparktrain.compat.horovod_runner", "HorovodRunner"),
+    "MirroredStrategyRunner": ("sparktrain.compat.tensorflow_runner", "MirroredStrategyRunner"),
     "TorchDistributor": ("sparktrain.compat.torch_distributor", "TorchDistributor"),
     "launch": ("sparktrain.launcher", "launch"),
     "LaunchPlan": ("sparktrain.layout", "LaunchPlan"),

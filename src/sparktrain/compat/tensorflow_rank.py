@@ -1,0 +1,100 @@
+"""Inside a rank of :class:`~sparktrain.MirroredStrategyRunner`: one TensorFlow worker.
+
+Each rank becomes worker ``RANK`` of one ``tf.distribute.MultiWorkerMirroredStrategy`` cluster,
+described to TensorFlow by ``TF_CONFIG``. Design choices:
+
+- **No port race.** TensorFlow's gRPC server binds the port named in ``TF_CONFIG`` itself and
+  cannot be handed a socket. So each rank binds a free port with ``SO_REUSEPORT`` and keeps
+  that socket (bound, never listening) until the function returns, and sets
+  ``TF_GRPC_REUSE_PORT=true`` so that TensorFlow's server may bind the same port: no other
+  process can take it in between, and connections only reach TensorFlow's listening socket.
+- **Addresses travel through the run's store.** Every sparktrain rank can reach the TCPStore
+  that rank 0 hosts (``MASTER_ADDR``/``MASTER_PORT``); each rank writes its ``host:port`` there
+  and reads everyone's, so no extra server or Spark round trip is needed.
+- **TensorFlow is imported here only**, in the rank, never in the fork server (which has
+  imported torch and forks every rank).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+from typing import Any
+
+import cloudpickle
+
+from sparktrain.env import contract_int, contract_rank
+
+_PREFIX = "sparktrain/tf_worker/"
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def reserve_port() -> socket.socket:
+    """A TCP socket bound to a free port with ``SO_REUSEPORT``, not listening."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(("0.0.0.0", 0))
+    return sock
+
+
+def own_host(master: str) -> str:
+    """This host's address on the route to ``master`` (loopback when ``master`` is)."""
+    if master in _LOOPBACK:
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # no packet is sent
+        probe.connect((master, 9))
+        return str(probe.getsockname()[0])
+
+
+def exchange(address: str, rank: int, world_size: int) -> list[str]:
+    """Every rank's ``address``, in rank order, through the run's TCPStore."""
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    store = TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=datetime.timedelta(seconds=600),
+    )
+    store.set(f"{_PREFIX}{rank}", address)
+    return [bytes(store.get(f"{_PREFIX}{r}")).decode() for r in range(world_size)]
+
+
+def tf_config(workers: list[str], index: int) -> str:
+    """``TF_CONFIG`` for worker ``index`` of ``workers``."""
+    return json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}})
+
+
+def _import_tensorflow() -> Any:
+    try:
+        import tensorflow as tf
+    except ImportError as exc:
+        raise ImportError(
+            f"MirroredStrategyRunner needs TensorFlow in every rank ({exc}): pip install "
+            "'sparktrain[tensorflow]' (tensorflow-cpu), or tensorflow on GPU machines."
+        ) from exc
+    return tf
+
+
+def run_worker(payload: bytes, use_custom_strategy: bool, use_gpu: bool) -> Any:
+    """Set ``TF_CONFIG``, then run ``main(**kwargs)`` (inside the strategy's scope by default)."""
+    rank, world_size = contract_rank(), contract_int("WORLD_SIZE", 1)
+    reserved = reserve_port()
+    try:
+        host = own_host(os.environ.get("MASTER_ADDR", "127.0.0.1"))
+        workers = exchange(f"{host}:{reserved.getsockname()[1]}", rank, world_size)
+        os.environ["TF_CONFIG"] = tf_config(workers, rank)
+        os.environ["TF_GRPC_REUSE_PORT"] = "true"
+        if not use_gpu:
+            os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        tf = _import_tensorflow()
+        main, kwargs = cloudpickle.loads(payload)
+        if use_custom_strategy:
+            return main(**kwargs)
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        with strategy.scope():
+            return main(**kwargs)
+    finally:
+        reserved.close()

@@ -47,6 +47,8 @@ def test_public_names() -> None:
         "report",
         "restart_count",
         "shutdown_warm",
+        "tune",
+        "tuning",
     ]
     for name in sparktrain.__all__:
         assert getattr(sparktrain, name) is not None

@@ -22,7 +22,7 @@ from sparktrain.errors import (
 from sparktrain.reporting import progress, report
 
 if TYPE_CHECKING:
-    from sparktrain import checkpoint
+    from sparktrain import checkpoint, tuning
     from sparktrain.compat.deepspeed_distributor import DeepspeedTorchDistributor
     from sparktrain.compat.horovod_runner import HorovodRunner
     from sparktrain.compat.tensorflow_runner import MirroredStrategyRunner
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
         prepare_optimizer,
     )
     from sparktrain.tracking import log_metrics, log_model, log_params
+    from sparktrain.tuning import tune
     from sparktrain.warm import shutdown as shutdown_warm
 
 __all__ = [
@@ -72,6 +73,8 @@ __all__ = [
     "report",
     "restart_count",
     "shutdown_warm",
+    "tune",
+    "tuning",
 ]
 
 _LAZY = {
@@ -97,6 +100,8 @@ _LAZY = {
     "backward": ("sparktrain.strategies", "backward"),
     "deepspeed_config": ("sparktrain.strategies", "deepspeed_config"),
     "shutdown_warm": ("sparktrain.warm", "shutdown"),
+    "tune": ("sparktrain.tuning", "tune"),
+    "tuning": ("sparktrain", "tuning"),
 }
 
 

@@ -44,7 +44,7 @@ def launch(
     mlflow: bool | None = None,
     mlflow_strict: bool = False,
     progress: bool | None = None,
-    on_report: OnReport | None = None,
+    on_report: OnReport | Monitor | None = None,
 ) -> RunResult:
     """Run ``main`` on ``num_processes`` ranks and wait for them.
 
@@ -91,7 +91,10 @@ def launch(
             traceback and the stopped ranks.
     """
     entry = make_entrypoint(main, args, kwargs)
-    monitor = Monitor(progress=progress, on_report=on_report)
+    if isinstance(on_report, Monitor):  # sparktrain.tune brings its own, to stop trials
+        monitor = on_report
+    else:
+        monitor = Monitor(progress=progress, on_report=on_report)
     try:
         result = _launch(
             entry,

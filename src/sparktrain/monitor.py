@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -56,6 +57,7 @@ class Monitor:
         self.error: BaseException | None = None
         self._bar: Any = None
         self._stop = False
+        self._lock = threading.Lock()
         self._read, self._write = os.pipe()
 
     # -- reports ----------------------------------------------------------------------------
@@ -107,10 +109,10 @@ class Monitor:
     # -- stopping ---------------------------------------------------------------------------
     def request_stop(self) -> None:
         """Ask the backend to stop every rank (safe to call more than once)."""
-        if not self._stop:
-            self._stop = True
-            with contextlib.suppress(OSError):
+        with self._lock:  # another thread may ask while the run closes
+            if not self._stop and self._write >= 0:
                 os.write(self._write, b"x")
+            self._stop = True
 
     def fileno(self) -> int:
         """A descriptor that becomes readable when a stop is requested (for the local agent)."""
@@ -125,9 +127,11 @@ class Monitor:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
-        for fd in (self._read, self._write):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        with self._lock:
+            for fd in (self._read, self._write):
+                if fd >= 0:
+                    os.close(fd)
+            self._read = self._write = -1
 
 
 def _new_bar(label: str, total: int | None) -> Any:

@@ -11,12 +11,15 @@ cannot be reached turns tracking off with one warning (training goes on), unless
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import threading
 import time
 import traceback
 import warnings
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from sparktrain.errors import ConfigError, TrainingFailedError
@@ -26,7 +29,8 @@ from sparktrain.layout import LaunchPlan
 _PROBE_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
 
 
-def _mlflow() -> Any:
+def mlflow_module() -> Any:
+    """MLflow, or a :class:`ConfigError` with the install hint."""
     try:
         import mlflow
     except ImportError:
@@ -34,12 +38,41 @@ def _mlflow() -> Any:
     return mlflow
 
 
+@dataclass
+class ChildRun:
+    """Where this thread's next launch logs: under ``parent``, named, with ``params``.
+
+    ``sparktrain.tune`` uses it to make each trial a child run of the search's run, also from
+    worker threads, which MLflow's (thread-local) active run does not reach. ``run_id`` is filled
+    in when the launch creates the run.
+    """
+
+    parent: str
+    name: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+    run_id: str | None = None
+
+
+_linked = threading.local()
+
+
+@contextlib.contextmanager
+def child_of(child: ChildRun) -> Iterator[ChildRun]:
+    """Launches of this thread inside the block track to ``child``'s run (tracking on)."""
+    _linked.child = child
+    try:
+        yield child
+    finally:
+        _linked.child = None
+
+
 def _caller_has_active_run() -> bool:
     mlflow = sys.modules.get("mlflow")
     return mlflow is not None and mlflow.active_run() is not None
 
 
-def _tracking_uri(mlflow: Any) -> str:
+def tracking_uri(mlflow: Any) -> str:
+    """The tracking URI: the caller's, or ``./mlflow.db``."""
     if os.environ.get("MLFLOW_TRACKING_URI") or mlflow.is_tracking_uri_set():
         return str(mlflow.get_tracking_uri())
     return f"sqlite:///{os.path.abspath('mlflow.db')}"
@@ -91,18 +124,20 @@ def begin(
     plan: LaunchPlan, backend: str, *, enabled: bool | None, strict: bool
 ) -> DriverRun | None:
     """Create the launch's run and log its parameters, or return ``None`` (tracking off)."""
-    if enabled is False or (enabled is None and not _caller_has_active_run()):
+    child: ChildRun | None = getattr(_linked, "child", None)
+    if enabled is False or (enabled is None and not _caller_has_active_run() and not child):
         return None
-    mlflow = _mlflow()
-    uri = _tracking_uri(mlflow)
+    mlflow = mlflow_module()
+    uri = tracking_uri(mlflow)
     saved = {k: os.environ.get(k) for k in _PROBE_ENV}
     os.environ.update(_PROBE_ENV)
     try:
         client = mlflow.tracking.MlflowClient(uri)
-        parent = mlflow.active_run()
-        experiment = parent.info.experiment_id if parent else _experiment(client)
+        parent = client.get_run(child.parent) if child else mlflow.active_run()
+        experiment = parent.info.experiment_id if parent else experiment_id(client)
         tags = {"mlflow.parentRunId": parent.info.run_id} if parent else {}
-        run = client.create_run(experiment, tags=tags, run_name=f"sparktrain-{backend}")
+        name = child.name if child else f"sparktrain-{backend}"
+        run = client.create_run(experiment, tags=tags, run_name=name)
         params = {
             "world_size": plan.world_size,
             "processes_per_node": plan.procs_per_node,
@@ -112,8 +147,11 @@ def begin(
             "dist_backend": plan.dist_backend,
             "max_restarts": plan.max_restarts,
         }
+        params.update(child.params if child else {})
         for key, value in params.items():
             client.log_param(run.info.run_id, key, value)
+        if child:
+            child.run_id = run.info.run_id
     except Exception as exc:
         if strict:
             raise ConfigError(f"MLflow tracking at {uri} failed: {exc}") from exc
@@ -134,7 +172,8 @@ def begin(
     return DriverRun(mlflow=mlflow, uri=uri, run_id=run.info.run_id, started=time.time())
 
 
-def _experiment(client: Any) -> str:
+def experiment_id(client: Any) -> str:
+    """The experiment named by MLflow's variables (default ``0``)."""
     name = os.environ.get("MLFLOW_EXPERIMENT_NAME")
     if not name:
         return str(os.environ.get("MLFLOW_EXPERIMENT_ID") or "0")

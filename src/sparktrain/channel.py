@@ -43,11 +43,13 @@ def _mac(secret: bytes, label: bytes, nonce: bytes) -> bytes:
     return hmac.new(secret, label + nonce, hashlib.sha256).digest()
 
 
-def _recv_exact(sock: socket.socket, size: int) -> bytes:
+def _recv_exact(sock: socket.socket, size: int, *, frame_start: bool = False) -> bytes:
     chunks = []
     while size:
         chunk = sock.recv(min(size, 1 << 20))
         if not chunk:
+            if frame_start and not chunks:  # closed between frames: the peer is done
+                raise EOFError("connection closed")
             raise ChannelError("connection closed")
         chunks.append(chunk)
         size -= len(chunk)
@@ -76,8 +78,13 @@ class _Framed:
             self.sock.sendall(_HEADER.pack(len(data)) + self._sign(0, data) + data)
 
     def receive(self) -> dict[str, Any]:
-        """Receive one message; raises :class:`ChannelError` if it is not signed by the peer."""
-        (size,) = _HEADER.unpack(_recv_exact(self.sock, _HEADER.size))
+        """Receive one message.
+
+        Raises:
+            ChannelError: The frame is not signed by the peer, or the connection broke in it.
+            EOFError: The peer closed the connection between frames.
+        """
+        (size,) = _HEADER.unpack(_recv_exact(self.sock, _HEADER.size, frame_start=True))
         if size > _MAX_FRAME:
             raise ChannelError(f"frame of {size} bytes is too large")
         mac = _recv_exact(self.sock, 32)

@@ -39,8 +39,9 @@ def launch(
     max_restarts: int = 0,
     hang_timeout: float | None = None,
     topology: Topology | None = None,
-    backend: Literal["local", "spark"] = "local",
+    backend: Literal["local", "spark", "ray"] = "local",
     dataframe: Any = None,
+    ray_address: str | None = None,
     mlflow: bool | None = None,
     mlflow_strict: bool = False,
     progress: bool | None = None,
@@ -66,10 +67,15 @@ def launch(
             rank after which the run is declared hung: each rank's stack is taken and
             :class:`~sparktrain.HangError` says where each one waited.
         topology: The machine's resources; detected when ``None`` (tests pass their own).
-        backend: ``"local"`` (this machine) or ``"spark"`` (barrier tasks of the active
-            SparkSession, classic or Connect; one rank per task, or one per GPU of a task).
+        backend: ``"local"`` (this machine), ``"spark"`` (barrier tasks of the active
+            SparkSession, classic or Connect; one rank per task, or one per GPU of a task) or
+            ``"ray"`` (one actor per node of a Ray cluster, in a placement group).
         dataframe: A Spark DataFrame whose rows are shared among the ranks (see
             :mod:`sparktrain.data`).
+        ray_address: With ``backend="ray"`` and no Ray initialised yet in this process: the
+            cluster to join (``ray.init(address=...)``); ``None`` for ``RAY_ADDRESS`` or a local
+            Ray started for this process, kept for later launches. An initialised Ray is used
+            as it is.
         mlflow: Track the run in MLflow (``None``: when the caller has an active MLflow run).
             One run per launch, created here; ranks log to it with
             ``sparktrain.log_metrics`` etc. (rank 0 only).
@@ -104,6 +110,7 @@ def launch(
             monitor=monitor,
             topology=topology,
             dataframe=dataframe,
+            ray_address=ray_address,
             options=dict(timeout=timeout, log_ranks=log_ranks, return_all=return_all,
                          max_restarts=max_restarts, hang_timeout=hang_timeout),
             mlflow=mlflow,
@@ -126,6 +133,7 @@ def _launch(
     topology: Topology | None,
     dataframe: Any,
     options: dict[str, Any],
+    ray_address: str | None = None,
     mlflow: bool | None,
     mlflow_strict: bool,
 ) -> RunResult:
@@ -154,8 +162,21 @@ def _launch(
             enabled=mlflow,
             strict=mlflow_strict,
         )
+    if backend == "ray":
+        from sparktrain.backends import ray
+
+        if dataframe is not None:
+            raise ConfigError("dataframe= is for backend='spark' or 'local', not 'ray'.")
+        plan = ray.plan_run(num_processes, address=ray_address, use_gpu=use_gpu, **options)
+        return _tracked(
+            plan,
+            "ray",
+            lambda n, extra: ray.run_ray(plan, entry, attempt=n, extra_env=extra, monitor=monitor),
+            enabled=mlflow,
+            strict=mlflow_strict,
+        )
     if backend != "local":
-        raise ConfigError(f"backend={backend!r} is not one of: local, spark")
+        raise ConfigError(f"backend={backend!r} is not one of: local, spark, ray")
     if topology is None:
         topology = detect_local(gpus=use_gpu is not False)
     plan = make_plan(

@@ -12,31 +12,28 @@ text. The same code serves classic and Spark Connect sessions.
 from __future__ import annotations
 
 import contextlib
-import queue
 import re
 import secrets
 import socket
 import threading
 import time
-import uuid
 from typing import Any
 
 import cloudpickle
 
-from sparktrain.backends.spark_task import TaskSpec, run_node
+from sparktrain.backends.node import TaskSpec
+from sparktrain.backends.remote import Printer, next_message, task_spec
+from sparktrain.backends.spark_task import run_node
 from sparktrain.channel import ChannelServer
-from sparktrain.entrypoint import Entrypoint, FunctionEntry, ScriptEntry
+from sparktrain.entrypoint import Entrypoint
 from sparktrain.errors import ConfigError, SparkJobError
 from sparktrain.layout import ClusterFacts, LaunchPlan
-from sparktrain.logs import LogSink
 from sparktrain.monitor import Monitor
 from sparktrain.results import NodeReport, RunResult, finish
 
 SCHEMA = "node long, report binary"
 #: After the first failure, how long the nodes get to stop their ranks before the job is cancelled.
 CANCEL_AFTER = 15.0
-#: After the job ends, how long to wait for log lines still in flight.
-DRAIN_SECONDS = 5.0
 
 
 def active_session() -> Any:
@@ -210,26 +207,13 @@ def run_spark(
     started = time.monotonic()
     channel = ChannelServer(_channel_host(session), secrets.token_bytes(32))
     try:
-        keep = frozenset(range(plan.world_size)) if plan.return_all else frozenset({0})
-        spec = TaskSpec(
-            channel=channel.address,
-            secret=channel.secret,
-            run_id=uuid.uuid4().hex[:12],
-            world_size=plan.world_size,
-            procs_per_node=plan.procs_per_node,
-            use_gpu=plan.device == "cuda",
-            payload=entry.payload if isinstance(entry, FunctionEntry) else None,
-            script=entry if isinstance(entry, ScriptEntry) else None,
-            threads=plan.threads_per_rank,
-            timeout=plan.timeout,
-            grace=plan.stop_grace,
-            log_ranks=plan.log_ranks,
-            keep=keep if isinstance(entry, FunctionEntry) else frozenset(),
-            with_data=dataframe is not None,
-            hang_timeout=plan.hang_timeout,
-            restart=attempt,
-            max_restarts=plan.max_restarts,
+        spec = task_spec(
+            plan,
+            entry,
+            channel,
+            attempt=attempt,
             extra_env=extra_env,
+            with_data=dataframe is not None,
         )
         if dataframe is None:
             frame, fallback = session.range(0, plan.nodes, 1, plan.nodes), None
@@ -248,47 +232,16 @@ def run_spark(
     )
 
 
-class _Printer:
-    """Handles the nodes' messages on the driver: prints lines, notes hosts, failures, byes."""
-
-    def __init__(self, log_ranks: frozenset[int] | None, monitor: Monitor) -> None:
-        self.sink = LogSink(log_ranks, prefix="[rank {rank} {host}] ", monitor=monitor)
-        self.hosts: dict[int, str] = {}
-        self.byes = 0
-
-    def handle(self, message: dict[str, Any]) -> bool:
-        """Act on one message; ``True`` when it reports a rank that failed."""
-        kind = message["kind"]
-        if kind == "log":
-            rank = message["rank"]
-            self.sink.set_host(rank, self.hosts.get(rank, "?"))
-            self.sink.write(rank, message["stream"], message["lines"])
-        elif kind == "report":
-            self.sink.reports(message["rank"], message["records"])
-        elif kind == "hello":
-            self.hosts.update({rank: message["host"] for rank in message["ranks"]})
-        elif kind == "bye":
-            self.byes += 1
-        return bool(kind == "exit" and message["code"] != 0)
-
-
-def _next(channel: ChannelServer, wait: float) -> dict[str, Any] | None:
-    try:
-        return channel.messages.get(timeout=wait)
-    except queue.Empty:
-        return None
-
-
 def _follow(
     job: _Job, channel: ChannelServer, plan: LaunchPlan, monitor: Monitor
 ) -> list[NodeReport]:
-    printer = _Printer(plan.log_ranks, monitor)
+    printer = Printer(plan.log_ranks, monitor)
     cancel_at: float | None = None
     first_failure: dict[str, Any] | None = None
     job.thread.start()
     try:
         while job.thread.is_alive():
-            message = _next(channel, 0.2)
+            message = next_message(channel, 0.2)
             failed = message is not None and printer.handle(message) and first_failure is None
             if failed or (monitor.stop_requested() and cancel_at is None):
                 first_failure = message if failed else first_failure
@@ -314,10 +267,5 @@ def _follow(
         ) from job.error
     assert job.rows is not None
     reports: list[NodeReport] = [cloudpickle.loads(row.report) for row in job.rows]
-    ran = sum(1 for report in reports if not report.setup_errors)
-    deadline = time.monotonic() + DRAIN_SECONDS
-    while printer.byes < ran and time.monotonic() < deadline:  # lines still in flight
-        message = _next(channel, 0.05)
-        if message is not None:
-            printer.handle(message)
+    printer.drain(channel, sum(1 for report in reports if not report.setup_errors))
     return reports

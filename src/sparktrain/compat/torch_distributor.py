@@ -11,12 +11,13 @@ Same positional order and meaning: ``TorchDistributor(num_processes, local_mode,
 - No SparkSession is needed in local mode. With ``local_mode=False`` the ranks run as barrier
   tasks of the active SparkSession (classic or Spark Connect); its settings are checked here,
   before anything is submitted.
+- ``backend="ray"`` (ours) runs the ranks on a Ray cluster instead, one actor per node.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Any
+from typing import Any, Literal
 
 from sparktrain.errors import ConfigError
 from sparktrain.launcher import launch
@@ -39,6 +40,8 @@ class TorchDistributor:
         hang_timeout: float | None = None,
         mlflow: bool | None = None,
         mlflow_strict: bool = False,
+        backend: Literal["local", "spark", "ray"] | None = None,
+        ray_address: str | None = None,
     ) -> None:
         """Describe the run; input is checked here, before anything starts.
 
@@ -55,6 +58,11 @@ class TorchDistributor:
                 the run is declared hung and each rank's waiting line is reported.
             mlflow: Track the run in MLflow (``None``: when the caller has an active run).
             mlflow_strict: Raise, instead of warning, when tracking cannot be used.
+            backend: Where the ranks run; ``None`` follows ``local_mode`` (``"local"`` or
+                ``"spark"``). ``"ray"``: one actor per node of a Ray cluster; ``local_mode``
+                is then not used.
+            ray_address: With ``backend="ray"``: the cluster to join when this process has
+                no Ray initialised (``None``: ``RAY_ADDRESS``, else a local Ray).
 
         Raises:
             ConfigError: A value is out of range; the message says what to pass.
@@ -71,9 +79,25 @@ class TorchDistributor:
         self.mlflow = mlflow
         self.mlflow_strict = mlflow_strict
         self._topology = None
-        if local_mode:
+        self.backend = backend or ("local" if local_mode else "spark")
+        self.ray_address = ray_address
+        if self.backend == "ray":
+            from sparktrain.backends import ray
+
+            self.plan: LaunchPlan = ray.plan_run(
+                num_processes,
+                address=ray_address,
+                use_gpu=use_gpu,
+                timeout=timeout,
+                log_ranks=log_ranks,
+                max_restarts=max_restarts,
+                hang_timeout=hang_timeout,
+            )
+        elif self.backend not in ("local", "spark"):
+            raise ConfigError(f"backend={backend!r} is not one of: local, spark, ray")
+        elif self.backend == "local":
             self._topology = detect_local(gpus=use_gpu is not False)
-            self.plan: LaunchPlan = make_plan(
+            self.plan = make_plan(
                 num_processes,
                 topology=self._topology,
                 use_gpu=use_gpu,
@@ -147,6 +171,7 @@ class TorchDistributor:
             mlflow=self.mlflow,
             mlflow_strict=self.mlflow_strict,
             topology=self._topology,
-            backend="local" if self.local_mode else "spark",
+            backend=self.backend,
             dataframe=df,
+            ray_address=self.ray_address,
         )

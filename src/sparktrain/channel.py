@@ -44,7 +44,7 @@ def _mac(secret: bytes, label: bytes, nonce: bytes) -> bytes:
 
 
 def _recv_exact(sock: socket.socket, size: int, *, frame_start: bool = False) -> bytes:
-    chunks = []
+    chunks: list[bytes] = []
     while size:
         chunk = sock.recv(min(size, 1 << 20))
         if not chunk:

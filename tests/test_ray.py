@@ -177,3 +177,36 @@ def test_restart_resumes_from_checkpoint(ray_address: str, tmp_path: Path) -> No
     )
     assert result.attempts == 2
     assert (result.value["start"], result.value["restart"]) == (2, 1)  # resumed after epoch 1
+
+
+def test_reports_stop_and_tune_on_ray(ray_address: str) -> None:
+    import sparktrain
+    import test_progress
+    import test_tune
+
+    cloudpickle.register_pickle_by_value(test_progress)
+    cloudpickle.register_pickle_by_value(test_tune)
+    stopped = launch(
+        test_progress._forever,
+        num_processes=2,
+        use_gpu=False,
+        backend="ray",
+        ray_address=ray_address,
+        progress=False,
+        timeout=120,
+        on_report=lambda rank, record: record["step"] >= 10,
+    )
+    assert stopped.stopped and stopped.value is None
+    result = sparktrain.tune(
+        test_tune._fit,
+        {"lr": sparktrain.tuning.choice([0.05, 0.4]), "epochs": 3},
+        num_trials=2,
+        metric="loss",
+        num_processes_per_trial=2,
+        scheduler=None,
+        sampler=__import__("optuna").samplers.GridSampler({"lr": [0.05, 0.4]}),
+        backend="ray",
+        ray_address=ray_address,
+    )
+    assert sorted(t.config["lr"] for t in result.trials) == [0.05, 0.4]
+    assert result.best_config is not None and result.best_config["lr"] == 0.4

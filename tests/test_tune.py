@@ -5,6 +5,7 @@ from __future__ import annotations
 import _thread
 import math
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -179,3 +180,23 @@ def test_space_helpers_check_their_bounds() -> None:
         uniform(2, 1)
     with pytest.raises(ConfigError, match="non-empty list"):
         choice([])
+
+
+@pytest.mark.spark
+def test_trials_on_spark(spark: object) -> None:
+    import cloudpickle
+    import optuna
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    result = sparktrain.tune(
+        _fit,
+        {"lr": choice([0.05, 0.4]), "epochs": 3},
+        num_trials=2,
+        metric="loss",
+        num_processes_per_trial=2,
+        scheduler=None,
+        sampler=optuna.samplers.GridSampler({"lr": [0.05, 0.4]}),
+        backend="spark",
+    )
+    assert [t.state for t in result.trials] == ["complete", "complete"]
+    assert result.best_config is not None and result.best_config["lr"] == 0.4

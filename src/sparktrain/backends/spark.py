@@ -37,7 +37,12 @@ CANCEL_AFTER = 15.0
 
 
 def active_session() -> Any:
-    """The active SparkSession (classic or Connect), or a :class:`ConfigError` saying what to do."""
+    """The active SparkSession (classic or Connect), or a :class:`ConfigError` saying what to do.
+
+    The active session is per thread in pyspark; from another thread (``sparktrain.tune``'s
+    trials, a user's thread pool) the process's default session is used, as
+    ``SparkSession.active()`` does.
+    """
     try:
         from pyspark.sql import SparkSession
     except ImportError:
@@ -45,13 +50,25 @@ def active_session() -> Any:
             "local_mode=False runs the ranks on Spark, which needs pyspark: "
             "pip install 'sparktrain[spark]'"
         ) from None
-    session = SparkSession.getActiveSession()
+    session = SparkSession.getActiveSession() or _default_session(SparkSession)
     if session is None:
         raise ConfigError(
             "local_mode=False needs an active SparkSession; create one first "
             "(SparkSession.builder...getOrCreate()), or pass local_mode=True to run on this "
             "machine."
         )
+    return session
+
+
+def _default_session(classic: Any) -> Any:
+    session = None
+    with contextlib.suppress(Exception):  # no session at all: pyspark raises
+        session = classic.active()
+    if session is None:
+        with contextlib.suppress(Exception):  # a Spark Connect session made in another thread
+            from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+            session = ConnectSession._get_default_session()
     return session
 
 

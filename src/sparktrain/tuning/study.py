@@ -139,7 +139,11 @@ def conclude(
     optuna_state = {"complete": OptunaState.COMPLETE, "pruned": OptunaState.PRUNED}.get(
         kind, OptunaState.FAIL
     )
-    study.tell(trial, state.value if kind == "complete" else None, state=optuna_state)
+    try:
+        study.tell(trial, state.value if kind == "complete" else None, state=optuna_state)
+    except RuntimeError as exc:  # a sampler that ran out (GridSampler) asks optimize() to stop;
+        if "Study.stop" not in str(exc):  # the trial is stored all the same
+            raise
     return TrialRecord(trial.number, config, kind, state.value, state.step, duration, error)
 
 

@@ -59,7 +59,17 @@ def test_bad_options(kwargs: dict[str, object], pattern: str) -> None:
         make_plan(2, topology=CPU, **kwargs)  # type: ignore[arg-type]
 
 
-def test_distributor_checks_before_starting() -> None:
+def test_distributor_checks_before_starting(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    def no_session(cls: object) -> None:
+        raise RuntimeError("no session")  # as pyspark does when none exists
+
+    # Other tests' Spark session lives for the whole run: hide it, as on a fresh driver.
+    monkeypatch.setattr(SparkSession, "getActiveSession", classmethod(lambda cls: None))
+    monkeypatch.setattr(SparkSession, "active", classmethod(no_session))
+    monkeypatch.setattr(ConnectSession, "_get_default_session", classmethod(lambda cls: None))
     with pytest.raises(ConfigError, match="num_processes=0"):
         TorchDistributor(0, True, False)
     with pytest.raises(ConfigError, match=r"local_mode=False .* local_mode=True"):

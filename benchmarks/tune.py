@@ -32,7 +32,7 @@ after each side, that nothing of it is left running (Ray's raylet, GCS and worke
 
 Run it from the repository root::
 
-    python benchmarks/tune.py               # full run (about a few minutes on 2 cores)
+    python benchmarks/tune.py               # full run (about 6 min on 2 busy cores, mostly Ray)
     python benchmarks/tune.py --epochs 2    # shorter trials
     python benchmarks/tune.py --skip-ray    # sparktrain only
 

@@ -127,6 +127,9 @@ def train_body(config: dict[str, Any], report: Callable[[int, float], None]) -> 
         loss_value = total.item() / (steps * world)
         report(epoch, loss_value)
     if own_group:
+        # The DDP model first: a Reducer freed after its gloo group was destroyed can deadlock
+        # (the group's destructor joins a gloo thread that waits for the GIL; torch 2.13).
+        del model, optimizer
         dist.destroy_process_group()
     return loss_value
 

@@ -3,8 +3,9 @@
 Starting a rank costs a Python interpreter plus ``import torch`` (1-2 s here). The fork server pays
 that once per caller: it imports torch and sparktrain's worker, then forks each rank on request, so
 a rank starts in milliseconds. It never runs user code itself, so every rank is a fresh process
-with no state from earlier runs. While idle, it also imports ``torch._dynamo``, which the first
-``DistributedDataParallel`` would otherwise import in every rank (1-5 s).
+with no state from earlier runs. While idle (at once after a run ends, or 0.5 s after start-up), it
+also imports ``torch._dynamo``, which the first ``DistributedDataParallel`` would otherwise
+import in every rank (1-5 s).
 
 Protocol: an anonymous ``AF_UNIX`` ``SOCK_SEQPACKET`` socket pair, so no other process can reach
 it and it needs no secret. The client sends ``spawn`` (with the rank's stdout/stderr pipes and,
@@ -73,6 +74,7 @@ class _Server:
         for sig in _IGNORED:  # its lifetime follows the caller's socket, nothing else
             signal.signal(sig, signal.SIG_IGN)
         self.warm = list(WARM_LATER)
+        self.served = False
 
     def serve(self) -> None:
         try:
@@ -88,8 +90,12 @@ class _Server:
 
     def _step(self) -> bool:
         idle = bool(self.warm) and not self.children
+        # Before the first run, wait a moment so that a launch right away is not delayed; once a
+        # run has ended, warm at once: back-to-back runs (sparktrain.tune's trials) would
+        # otherwise never leave the server idle, and every rank would import these itself.
+        pause = 0.0 if self.served else IDLE_BEFORE_WARMING
         waiting: list[int] = [self.sock.fileno(), self.wake_r]
-        readable, _, _ = select.select(waiting, [], [], IDLE_BEFORE_WARMING if idle else None)
+        readable, _, _ = select.select(waiting, [], [], pause if idle else None)
         if not readable:
             importlib.import_module(self.warm.pop(0))
             return True
@@ -138,6 +144,7 @@ class _Server:
             self._enter_child(out_fd, err_fd)
             raise _BecomeRank(message["request"], report_fd, rest[0] if rest else None, self.pid)
         self.children.add(pid)
+        self.served = True
         for fd in fds:
             os.close(fd)
         _send(self.sock, {"ev": "spawned", "key": message["key"], "pid": pid})

@@ -57,7 +57,8 @@ def test_json_has_every_check() -> None:
     report = json.loads(done.stdout)
     checks = {c["name"]: c for c in report["checks"]}
     expected = {"python", "torch", "cuda", "gpus", "backends", "shm", "ports", "java"}
-    expected |= {f"extra.{n}" for n in ("pyspark", "mlflow", "deepspeed", "ray", "tensorflow")}
+    engines = ("pyspark", "mlflow", "deepspeed", "ray", "tensorflow", "optuna")
+    expected |= {f"extra.{n}" for n in engines}
     assert expected | {"launch.local"} == set(checks)
     assert report["exit_code"] == 0 and report["counts"]["error"] == 0
     assert checks["gpus"]["verdict"] == "info" and checks["gpus"]["facts"]["count"] == 0

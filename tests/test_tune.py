@@ -200,3 +200,9 @@ def test_trials_on_spark(spark: object) -> None:
     )
     assert [t.state for t in result.trials] == ["complete", "complete"]
     assert result.best_config is not None and result.best_config["lr"] == 0.4
+
+
+def test_missing_optuna_gives_the_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "optuna", None)  # as if not installed
+    with pytest.raises(ConfigError, match=r"pip install 'sparktrain\[tune\]'"):
+        sparktrain.tune(_fit, {"lr": uniform(0.1, 0.2)}, num_trials=1, metric="loss")

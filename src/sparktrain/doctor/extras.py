@@ -1,4 +1,4 @@
-"""Checks of the optional engines (pyspark, mlflow, deepspeed, ray, tensorflow) and of Java.
+"""Checks of the optional engines (pyspark, mlflow, deepspeed, ray, tensorflow, optuna), Java.
 
 Design choices:
 - An extra is looked up, not imported: ``importlib.util.find_spec`` and the installed
@@ -32,7 +32,14 @@ EXTRAS: dict[str, tuple[str, str, str, str, str]] = {
         "ZeRO strategies, DeepspeedTorchDistributor",
     ),
     "ray": ("ray", "ray", "2.9", "pip install 'sparktrain[ray]'", "Ray backend"),
-    "tensorflow": ("tensorflow", "tensorflow", "2.13", "pip install tensorflow", "TF front door"),
+    "tensorflow": (
+        "tensorflow",
+        "tensorflow",
+        "2.13",
+        "pip install 'sparktrain[tensorflow]'",
+        "MirroredStrategyRunner",
+    ),
+    "optuna": ("optuna", "optuna", "3.4", "pip install 'sparktrain[tune]'", "sparktrain.tune"),
 }
 #: Other distributions that ship the same module.
 ALSO_SHIPPED_BY: dict[str, tuple[str, ...]] = {

@@ -63,9 +63,19 @@ def _bounded(kind: str, low: float, high: float) -> Dimension:
     return Dimension(kind, float(low) if kind != "int" else low, high)
 
 
+def optuna_module() -> Any:
+    """Optuna, quiet (sparktrain prints one line a trial), or the install hint."""
+    try:
+        import optuna
+    except ImportError:
+        raise ConfigError("sparktrain.tune needs Optuna: pip install 'sparktrain[tune]'") from None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna
+
+
 def to_optuna(space: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Split ``space`` into Optuna distributions (searched) and constants (passed as they are)."""
-    from optuna import distributions as od
+    od = optuna_module().distributions
 
     if not isinstance(space, Mapping) or not space:
         raise ConfigError(

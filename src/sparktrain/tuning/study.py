@@ -8,21 +8,13 @@ from typing import Any
 from sparktrain.errors import ConfigError
 from sparktrain.results import RunResult
 from sparktrain.tuning.results import TrialRecord, TrialState
+from sparktrain.tuning.space import optuna_module
 
 #: Trial attributes sparktrain keeps in the study (Optuna user attributes).
 CONFIG, ERROR, DURATION, INTERRUPTED, RETRIED = (
     "sparktrain.config", "sparktrain.error", "sparktrain.duration",
     "sparktrain.interrupted", "sparktrain.retried",
 )  # fmt: skip
-
-
-def _optuna() -> Any:
-    try:
-        import optuna
-    except ImportError:
-        raise ConfigError("sparktrain.tune needs Optuna: pip install 'sparktrain[tune]'") from None
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # sparktrain prints one line a trial
-    return optuna
 
 
 def _pruner(optuna: Any, scheduler: Any) -> Any:
@@ -56,7 +48,7 @@ def open_study(
     storage: str | None, name: str, *, mode: str, sampler: Any, scheduler: Any, seed: int | None
 ) -> Any:
     """Create the study, or load it from ``storage`` when it exists (resuming)."""
-    optuna = _optuna()
+    optuna = optuna_module()
     if sampler is not None and not isinstance(sampler, optuna.samplers.BaseSampler):
         raise ConfigError(f"sampler={sampler!r} must be an optuna.samplers.BaseSampler")
     study = optuna.create_study(

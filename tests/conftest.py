@@ -215,7 +215,10 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     ]  # fmt: skip
     log = root / "server.log"
     with log.open("wb") as out:
-        server = subprocess.Popen(command, stdout=out, stderr=out, start_new_session=True)
+        # No background job runners: MLflow 3 starts huey consumers a moment after /health
+        # answers, which would show up as processes a test left behind.
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        server = subprocess.Popen(command, stdout=out, stderr=out, start_new_session=True, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120

@@ -10,9 +10,10 @@ from __future__ import annotations
 import pickle
 import re
 import signal
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
@@ -27,6 +28,9 @@ from sparktrain.errors import (
     TrainingTimeoutError,
 )
 from sparktrain.worker import error_path, result_path
+
+if TYPE_CHECKING:
+    from sparktrain.layout import LaunchPlan
 
 _SECONDARY = re.compile(
     r"connection closed by peer|connection reset by peer|broken pipe|"
@@ -245,3 +249,17 @@ def finish(
     values = {r: cloudpickle.loads(v) for report in reports for r, v in report.values.items()}
     nodes = tuple(sorted(reports, key=lambda report: report.node_rank))
     return RunResult(return_values=values, world_size=world_size, duration=duration, nodes=nodes)
+
+
+def finish_plan(
+    reports: Sequence[NodeReport], plan: LaunchPlan, *, started: float, stopped: bool
+) -> RunResult:
+    """:func:`finish` for a run of ``plan`` that began at ``started`` (``time.monotonic()``)."""
+    return finish(
+        reports,
+        world_size=plan.world_size,
+        timeout=plan.timeout,
+        duration=time.monotonic() - started,
+        hang_timeout=plan.hang_timeout,
+        stopped=stopped,
+    )

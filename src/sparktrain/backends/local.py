@@ -14,14 +14,12 @@ import time
 import uuid
 from pathlib import Path
 
-from sparktrain import env, warm
-from sparktrain.agent import NodeAgent
-from sparktrain.backends.ranks import NodeLayout, rank_requests
+from sparktrain.backends.ranks import NodeLayout, rank_requests, run_node_agent
 from sparktrain.entrypoint import Entrypoint, FunctionEntry, ScriptEntry
 from sparktrain.layout import LaunchPlan
 from sparktrain.logs import LogSink
 from sparktrain.monitor import Monitor
-from sparktrain.results import RunResult, finish, node_report
+from sparktrain.results import RunResult, finish_plan
 from sparktrain.worker import payload_path
 
 LOOPBACK = "127.0.0.1"
@@ -75,38 +73,21 @@ def run_local(
             extra_env=extra_env,
         )
         sink = sink or LogSink(plan.log_ranks, monitor=monitor)
-        server = warm.acquire(env.caller_environ())
-        agent = NodeAgent(
-            server,
+        report = run_node_agent(
             requests,
             sink,
+            run_dir=run_dir,
+            node_rank=0,
+            host=socket.gethostname(),
+            gpus=plan.gpus,
             listen=listener,
             timeout=plan.timeout,
             grace=plan.stop_grace,
             hang_timeout=plan.hang_timeout,
             control=monitor,
         )
-        try:
-            outcome = agent.run()
-        finally:
-            warm.release(server)
-        report = node_report(
-            outcome,
-            run_dir,
-            node_rank=0,
-            host=socket.gethostname(),
-            tails={r.rank: sink.tail(r.rank) for r in requests},
-            keep=tuple(r.rank for r in requests if r.keep_value),
-            gpus=plan.gpus,
-        )
-        return finish(
-            [report],
-            world_size=plan.world_size,
-            timeout=plan.timeout,
-            duration=time.monotonic() - started,
-            hang_timeout=plan.hang_timeout,
-            stopped=monitor is not None and monitor.stop_requested(),
-        )
+        stopped = monitor is not None and monitor.stop_requested()
+        return finish_plan([report], plan, started=started, stopped=stopped)
     finally:
         listener.close()
         shutil.rmtree(Path(run_dir), ignore_errors=True)

@@ -16,13 +16,12 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from sparktrain import env, warm
-from sparktrain.agent import NodeAgent, RankExit
-from sparktrain.backends.ranks import NodeLayout, rank_requests
+from sparktrain.agent import RankExit
+from sparktrain.backends.ranks import NodeLayout, rank_requests, run_node_agent
 from sparktrain.channel import ChannelClient
 from sparktrain.entrypoint import ScriptEntry
 from sparktrain.logs import LogSink, Stream
-from sparktrain.results import NodeReport, node_report
+from sparktrain.results import NodeReport
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,30 +145,19 @@ def supervise(
             channel.send({"kind": "exit", "rank": ended.rank, "code": ended.exit_code})
 
         sink = ChannelSink(channel, spec.log_ranks)
-        server = warm.acquire(env.caller_environ())
-        agent = NodeAgent(
-            server,
+        report = run_node_agent(
             requests,
             sink,
+            run_dir=run_dir,
+            node_rank=node,
+            host=host,
+            gpus=gpus,
             listen=listener,
             timeout=spec.timeout,
             grace=spec.grace,
+            hang_timeout=spec.hang_timeout,
             control=channel,
             on_exit=on_exit,
-            hang_timeout=spec.hang_timeout,
-        )
-        try:
-            outcome = agent.run()
-        finally:
-            warm.release(server)
-        report = node_report(
-            outcome,
-            run_dir,
-            node_rank=node,
-            host=host,
-            tails={r.rank: sink.tail(r.rank) for r in requests},
-            keep=tuple(r.rank for r in requests if r.keep_value),
-            gpus=gpus,
         )
         channel.send({"kind": "bye", "node": node})
         return report

@@ -1,18 +1,22 @@
-"""The requests that start one node's ranks: the torch contract, the caller's context, options.
+"""One node's ranks, for every backend: the requests that start them, and the agent that runs them.
 
-Shared by every backend, so a rank sees the same environment whether it runs on this machine or
-in a Spark task.
+Shared by every backend, so a rank sees the same environment, and a node reports the same way,
+whether it runs on this machine, in a Spark task or in a Ray actor.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import sys
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
-from sparktrain import env
+from sparktrain import env, warm
+from sparktrain.agent import Control, NodeAgent, RankExit
 from sparktrain.entrypoint import ScriptEntry
+from sparktrain.logs import LogSink
+from sparktrain.results import NodeReport, node_report
 from sparktrain.worker import RankRequest
 
 
@@ -91,3 +95,46 @@ def rank_requests(
             )
         )
     return requests
+
+
+def run_node_agent(
+    requests: list[RankRequest],
+    sink: LogSink,
+    *,
+    run_dir: str,
+    node_rank: int,
+    host: str,
+    gpus: tuple[str, ...],
+    listen: socket.socket | None,
+    timeout: float | None,
+    grace: float,
+    hang_timeout: float | None,
+    control: Control | None,
+    on_exit: Callable[[RankExit], None] | None = None,
+) -> NodeReport:
+    """Run one node's ranks from a warm fork server to their end; return the node's report."""
+    server = warm.acquire(env.caller_environ())
+    agent = NodeAgent(
+        server,
+        requests,
+        sink,
+        listen=listen,
+        timeout=timeout,
+        grace=grace,
+        control=control,
+        on_exit=on_exit,
+        hang_timeout=hang_timeout,
+    )
+    try:
+        outcome = agent.run()
+    finally:
+        warm.release(server)
+    return node_report(
+        outcome,
+        run_dir,
+        node_rank=node_rank,
+        host=host,
+        tails={r.rank: sink.tail(r.rank) for r in requests},
+        keep=tuple(r.rank for r in requests if r.keep_value),
+        gpus=gpus,
+    )

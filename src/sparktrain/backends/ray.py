@@ -37,7 +37,7 @@ from sparktrain.entrypoint import Entrypoint
 from sparktrain.errors import ConfigError
 from sparktrain.layout import ClusterFacts, LaunchPlan, make_cluster_plan
 from sparktrain.monitor import Monitor
-from sparktrain.results import NodeReport, RunResult, finish
+from sparktrain.results import NodeReport, RunResult, finish_plan
 
 #: How long the placement group may wait for its resources before the launch gives up.
 PLACEMENT_SECONDS = 60.0
@@ -276,14 +276,7 @@ def run_ray(
     finally:
         nodes.close()
         channel.close()
-    return finish(
-        reports,
-        world_size=plan.world_size,
-        timeout=plan.timeout,
-        duration=time.monotonic() - started,
-        hang_timeout=plan.hang_timeout,
-        stopped=monitor.stop_requested(),
-    )
+    return finish_plan(reports, plan, started=started, stopped=monitor.stop_requested())
 
 
 def _follow(

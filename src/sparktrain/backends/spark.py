@@ -29,7 +29,7 @@ from sparktrain.entrypoint import Entrypoint
 from sparktrain.errors import ConfigError, SparkJobError
 from sparktrain.layout import ClusterFacts, LaunchPlan
 from sparktrain.monitor import Monitor
-from sparktrain.results import NodeReport, RunResult, finish
+from sparktrain.results import NodeReport, RunResult, finish_plan
 
 SCHEMA = "node long, report binary"
 #: After the first failure, how long the nodes get to stop their ranks before the job is cancelled.
@@ -239,14 +239,7 @@ def run_spark(
         reports = _follow(_Job(session, frame, spec, fallback), channel, plan, monitor)
     finally:
         channel.close()
-    return finish(
-        reports,
-        world_size=plan.world_size,
-        timeout=plan.timeout,
-        duration=time.monotonic() - started,
-        hang_timeout=plan.hang_timeout,
-        stopped=monitor.stop_requested(),
-    )
+    return finish_plan(reports, plan, started=started, stopped=monitor.stop_requested())
 
 
 def _follow(

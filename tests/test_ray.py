@@ -210,3 +210,19 @@ def test_reports_stop_and_tune_on_ray(ray_address: str) -> None:
     )
     assert sorted(t.config["lr"] for t in result.trials) == [0.05, 0.4]
     assert result.best_config is not None and result.best_config["lr"] == 0.4
+
+
+def test_back_to_back_ddp_runs_never_hang_on_ray(ray_address: str) -> None:
+    """The teardown deadlock's pattern (DDP, destroy, return), run after run, on Ray actors."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import stress_patterns
+
+    cloudpickle.register_pickle_by_value(stress_patterns)
+    values = [
+        launch(
+            stress_patterns.destroy_then_return, num_processes=2, use_gpu=False, timeout=60,
+            backend="ray", ray_address=ray_address,
+        ).value
+        for _ in range(10)
+    ]  # fmt: skip
+    assert values == [stress_patterns.VALUE] * 10

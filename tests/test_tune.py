@@ -152,6 +152,7 @@ def test_each_trial_is_an_mlflow_child_run(tmp_path: Path, monkeypatch: pytest.M
         assert float(child.data.params["lr"]) == pytest.approx(trial.config["lr"])
         assert child.data.metrics["loss"] == pytest.approx(trial.value)
         assert child.data.tags["sparktrain.trial_state"] == "complete"
+        assert child.data.params["hang_timeout"] == "600.0"  # trials are watched by default
     assert parent.data.metrics["best_loss"] == pytest.approx(result.best_value)
 
 

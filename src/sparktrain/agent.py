@@ -5,6 +5,11 @@ it can be handled): it reads every rank's stdout and stderr pipes and the fork s
 When a rank exits non-zero, or the timeout passes, or the caller presses Ctrl-C, the agent sends
 SIGTERM to every other rank's process group and SIGKILL after ``grace`` seconds. It returns only
 when every rank has exited and its pipes are drained, so no line is lost and nothing survives.
+
+Each rank also says on a status pipe when its outcome (value or failure) is recorded. What runs
+after that is teardown: a rank still alive ``exit_grace`` seconds later (a non-daemon thread or an
+``atexit`` handler that never ends, a native teardown that hangs) is killed, one warning line
+says so, and the rank counts as having ended with the outcome it recorded.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 from sparktrain import stacks
 from sparktrain.errors import StackSite
@@ -29,6 +34,8 @@ from sparktrain.worker import RankRequest, stack_path
 DRAIN_SECONDS = 2.0
 #: How long hung ranks get to write their stacks after SIGUSR1.
 STACK_SECONDS = 3.0
+#: The pipes each rank writes to: its output, its reports, and its status (outcome recorded).
+_PIPES: tuple[Stream | Literal["status"], ...] = ("stdout", "stderr", "report", "status")
 
 
 @dataclass(frozen=True)
@@ -40,12 +47,15 @@ class RankExit:
         exit_code: 0 on success; negative for a signal.
         time: Wall-clock time the fork server saw it exit.
         stopped: Whether the agent had signalled it to stop before it exited.
+        lingered: Whether it had recorded its outcome but did not exit within the exit grace
+            period, and was killed; ``exit_code`` is then the outcome it recorded.
     """
 
     rank: int
     exit_code: int
     time: float
     stopped: bool
+    lingered: bool = False
 
 
 class Control(Protocol):
@@ -88,6 +98,7 @@ class NodeAgent:
         control: Control | None = None,
         on_exit: Callable[[RankExit], None] | None = None,
         hang_timeout: float | None = None,
+        exit_grace: float = 10.0,
     ) -> None:
         """Prepare to run ``requests`` (one per rank) on ``server``.
 
@@ -102,6 +113,8 @@ class NodeAgent:
             on_exit: Called with each rank's exit as soon as it is seen.
             hang_timeout: Seconds without output or report from any rank after which the
                 ranks' stacks are taken and the node is stopped.
+            exit_grace: Seconds a rank that recorded its outcome gets to exit before it is
+                killed.
         """
         self.server = server
         self.requests = list(requests)
@@ -112,6 +125,9 @@ class NodeAgent:
         self.control = control
         self.on_exit = on_exit
         self.hang_timeout = hang_timeout
+        self.exit_grace = exit_grace
+        self._finished: dict[int, tuple[int, float]] = {}  # rank -> (recorded code, when)
+        self._lingering: set[int] = set()
         self._last_progress = time.monotonic()
         self.outcome = NodeOutcome()
         self._pids: dict[int, int] = {}
@@ -153,11 +169,11 @@ class NodeAgent:
         if self.control is not None:
             self._selector.register(self.control.fileno(), selectors.EVENT_READ, "control")
         for request in self.requests:
-            pipes = [os.pipe() for _ in range(3)]  # stdout, stderr, report: (read, write)
+            pipes = [os.pipe() for _ in _PIPES]  # (read, write) for each of _PIPES
             fds = [w for _, w in pipes]
             if request.rank == 0 and self.listen is not None:
                 fds.append(self.listen.fileno())
-            for (r, _), stream in zip(pipes, ("stdout", "stderr", "report"), strict=True):
+            for (r, _), stream in zip(pipes, _PIPES, strict=True):
                 self._selector.register(r, selectors.EVENT_READ, (request.rank, stream))
             try:
                 self.server.spawn(request.rank, request, fds)
@@ -187,6 +203,7 @@ class NodeAgent:
                 if now >= drain_until:
                     return
             deadlines = [d for d in (drain_until, self._kill_at) if d is not None]
+            deadlines += [t + self.exit_grace for _, t in self._unexited_finishers()]
             if self.timeout is not None and self.outcome.stop_time is None:
                 deadlines.append(started + self.timeout)
             if self.hang_timeout is not None and self.outcome.stop_time is None:
@@ -220,17 +237,49 @@ class NodeAgent:
         ):
             self._take_stacks()
             self.stop()
+        for rank, finished_at in self._unexited_finishers():
+            if now >= finished_at + self.exit_grace:
+                self._kill_lingering(rank)
         if self._kill_at is not None and now >= self._kill_at:
             for rank, pid in self._pids.items():
                 if rank not in self.outcome.exits:
                     self.server.signal(pid, signal.SIGKILL)
             self._kill_at = None
 
-    def _on_output(self, fd: int, rank: int, stream: Stream) -> None:
+    def _unexited_finishers(self) -> list[tuple[int, float]]:
+        return [
+            (rank, when)
+            for rank, (_, when) in self._finished.items()
+            if rank not in self.outcome.exits and rank not in self._lingering
+        ]
+
+    def _kill_lingering(self, rank: int) -> None:
+        self._lingering.add(rank)
+        self.server.signal(self._pids[rank], signal.SIGKILL)
+        self.sink.write(
+            rank,
+            "stderr",
+            [
+                f"sparktrain: rank {rank} returned, but its process was still running "
+                f"{self.exit_grace:g}s later (a non-daemon thread or an atexit handler that "
+                "does not end); it was killed, and what it returned stands. Join your threads "
+                "before returning to avoid this."
+            ],
+        )
+
+    def _on_output(self, fd: int, rank: int, stream: Stream | Literal["status"]) -> None:
         data = os.read(fd, 1 << 16)
         if data:
             self._last_progress = time.monotonic()
-            self.sink.feed(rank, stream, data)
+            if stream == "status":
+                code = 1 if data.strip() != b"0" else 0
+                self._finished.setdefault(rank, (code, time.monotonic()))
+            else:
+                self.sink.feed(rank, stream, data)
+            return
+        if stream == "status":
+            self._selector.unregister(fd)
+            os.close(fd)
             return
         self._selector.unregister(fd)
         os.close(fd)
@@ -275,7 +324,10 @@ class NodeAgent:
         elif event["ev"] == "exited":
             rank = self._ranks[event["pid"]]
             code = os.waitstatus_to_exitcode(event["status"])
-            ended = RankExit(rank, code, event["time"], rank in self._signalled)
+            if rank in self._finished:  # its outcome was recorded: that is how it ended
+                code = self._finished[rank][0]
+            lingered = rank in self._lingering
+            ended = RankExit(rank, code, event["time"], rank in self._signalled, lingered)
             self.outcome.exits[rank] = ended
             if self.on_exit is not None:
                 self.on_exit(ended)

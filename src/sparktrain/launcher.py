@@ -18,7 +18,7 @@ from typing import Any, Literal
 from sparktrain.backends.local import run_local
 from sparktrain.entrypoint import Entrypoint, make_entrypoint
 from sparktrain.errors import ConfigError, SparkJobError, TrainingFailedError, TrainingTimeoutError
-from sparktrain.layout import LaunchPlan, make_cluster_plan, make_plan
+from sparktrain.layout import DEFAULT_EXIT_GRACE, LaunchPlan, make_cluster_plan, make_plan
 from sparktrain.monitor import Monitor, OnReport
 from sparktrain.results import RunResult
 from sparktrain.topology import Topology, detect_local
@@ -38,6 +38,7 @@ def launch(
     return_all: bool = False,
     max_restarts: int = 0,
     hang_timeout: float | None = None,
+    exit_grace: float = DEFAULT_EXIT_GRACE,
     topology: Topology | None = None,
     backend: Literal["local", "spark", "ray"] = "local",
     dataframe: Any = None,
@@ -66,6 +67,9 @@ def launch(
         hang_timeout: Seconds without progress (output or ``sparktrain.report()``) from any
             rank after which the run is declared hung: each rank's stack is taken and
             :class:`~sparktrain.HangError` says where each one waited.
+        exit_grace: Seconds a rank that has returned (or raised) gets to exit. A rank still
+            running after that (a non-daemon thread or an ``atexit`` handler that never ends)
+            is killed with one warning line, and what it returned stands.
         topology: The machine's resources; detected when ``None`` (tests pass their own).
         backend: ``"local"`` (this machine), ``"spark"`` (barrier tasks of the active
             SparkSession, classic or Connect; one rank per task, or one per GPU of a task) or
@@ -112,7 +116,8 @@ def launch(
             dataframe=dataframe,
             ray_address=ray_address,
             options=dict(timeout=timeout, log_ranks=log_ranks, return_all=return_all,
-                         max_restarts=max_restarts, hang_timeout=hang_timeout),
+                         max_restarts=max_restarts, hang_timeout=hang_timeout,
+                         exit_grace=exit_grace),
             mlflow=mlflow,
             mlflow_strict=mlflow_strict,
         )  # fmt: skip

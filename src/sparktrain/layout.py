@@ -16,6 +16,8 @@ from sparktrain.errors import ConfigError
 from sparktrain.topology import Topology
 
 Device = Literal["cpu", "cuda"]
+#: Seconds a rank that has returned (or raised) gets to exit before it is killed.
+DEFAULT_EXIT_GRACE = 10.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,6 +39,8 @@ class LaunchPlan:
         max_restarts: How many times the whole group is started again after a failure.
         hang_timeout: Seconds without progress from any rank (output or ``report()``) after
             which the run is declared hung, or ``None``.
+        exit_grace: Seconds a rank that has returned (or raised) gets to exit before it is
+            killed; its outcome stands.
     """
 
     world_size: int
@@ -52,6 +56,7 @@ class LaunchPlan:
     stop_grace: float = 3.0
     max_restarts: int = 0
     hang_timeout: float | None = None
+    exit_grace: float = DEFAULT_EXIT_GRACE
 
     def shows(self, rank: int) -> bool:
         """Whether ``rank``'s output is shown to the caller."""
@@ -103,6 +108,15 @@ def _check_hang_timeout(value: object) -> float | None:
             f"hang_timeout={value!r} must be a positive number of seconds, or None to not watch."
         )
     return None if math.isinf(value) else float(value)
+
+
+def _check_exit_grace(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ConfigError(
+            f"exit_grace={value!r} must be a positive number of seconds: how long a rank that "
+            f"has returned may take to exit before it is killed (default {DEFAULT_EXIT_GRACE:g})."
+        )
+    return float(value)
 
 
 def _check_log_ranks(log_ranks: Collection[int] | None, world_size: int) -> frozenset[int] | None:
@@ -161,6 +175,7 @@ def _assemble(
     return_all: bool,
     max_restarts: object,
     hang_timeout: object,
+    exit_grace: object = DEFAULT_EXIT_GRACE,
 ) -> LaunchPlan:
     """The plan, with the checks every layout shares (timeout, log filter, failure policy)."""
     return LaunchPlan(
@@ -176,6 +191,7 @@ def _assemble(
         return_all=bool(return_all),
         max_restarts=_check_restarts(max_restarts),
         hang_timeout=_check_hang_timeout(hang_timeout),
+        exit_grace=_check_exit_grace(exit_grace),
     )
 
 
@@ -205,6 +221,7 @@ def make_cluster_plan(
     return_all: bool = False,
     max_restarts: object = 0,
     hang_timeout: object = None,
+    exit_grace: object = DEFAULT_EXIT_GRACE,
 ) -> LaunchPlan:
     """Lay out a run over cluster tasks: one rank per task on CPU, one per GPU of a task on GPU.
 
@@ -251,6 +268,7 @@ def make_cluster_plan(
         return_all=return_all,
         max_restarts=max_restarts,
         hang_timeout=hang_timeout,
+        exit_grace=exit_grace,
     )
 
 
@@ -264,6 +282,7 @@ def make_plan(
     return_all: bool = False,
     max_restarts: object = 0,
     hang_timeout: object = None,
+    exit_grace: object = DEFAULT_EXIT_GRACE,
 ) -> LaunchPlan:
     """Validate the caller's intent against ``topology`` and lay out a single-node run.
 
@@ -276,6 +295,7 @@ def make_plan(
         return_all: Bring back every rank's return value, not only rank 0's.
         max_restarts: Restarts of the whole group allowed after a failure.
         hang_timeout: Seconds without progress before the run is declared hung.
+        exit_grace: Seconds a rank that has returned gets to exit before it is killed.
 
     Raises:
         ConfigError: A value is out of range; the message says which and what to pass instead.
@@ -294,4 +314,5 @@ def make_plan(
         return_all=return_all,
         max_restarts=max_restarts,
         hang_timeout=hang_timeout,
+        exit_grace=exit_grace,
     )

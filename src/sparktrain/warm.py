@@ -64,7 +64,7 @@ class ForkServer:
         return self.sock.fileno()
 
     def spawn(self, key: int, request: Any, fds: Sequence[int]) -> None:
-        """Ask for a rank to be forked; ``fds``: stdout, stderr, report pipe, [listen socket]."""
+        """Ask for a rank to be forked; ``fds``: stdout, stderr, report, status, [listen socket]."""
         self._send({"op": "spawn", "key": key, "request": request}, fds)
 
     def signal(self, pid: int, sig: int, *, group: bool = True) -> None:

@@ -6,6 +6,12 @@ caller's (working directory, ``sys.path``, environment), hosts the rendezvous st
 from a socket the agent already bound, runs the function or script, and writes its return value
 or its exception with the traceback to the run's private directory. The exit code tells the
 agent which of the two to read.
+
+The rank's end belongs to us too. No process group is ever destroyed in a rank (see
+:mod:`sparktrain.process_groups`: that teardown can deadlock torch), and the rank leaves with
+``os._exit``. As soon as its outcome is on disk, the rank says so on its status pipe; what runs
+after that (the user's non-daemon threads, ``atexit`` handlers) gets the agent's exit grace
+period, after which the agent kills the rank and the run goes on with the outcome it wrote.
 """
 
 from __future__ import annotations
@@ -26,12 +32,15 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
-from sparktrain import reporting
+from sparktrain import process_groups, procfs, reporting
 from sparktrain.entrypoint import ScriptEntry
+
+if TYPE_CHECKING:
+    from sparktrain.forkserver import RankFds
 
 _PR_SET_PDEATHSIG = 1
 _stack_file: Any = None
@@ -109,6 +118,16 @@ def _die_with_parent(parent: int) -> None:
         return
     if os.getppid() != parent:  # the parent died before prctl took effect
         os._exit(1)
+
+
+def caller_alive(server: int, caller: int) -> bool:
+    """Whether the process that started the fork server (the caller) still owns it.
+
+    When the caller dies, the kernel reparents the server, so its parent is no longer the caller.
+    Where ``/proc`` cannot tell, the caller counts as alive (the server's own check stands).
+    """
+    parent = procfs.parent_of(server)
+    return parent is None or parent == caller
 
 
 def _become_caller(req: RankRequest) -> None:
@@ -203,13 +222,11 @@ def _record_failure(req: RankRequest, exc: BaseException, message: str | None = 
         sys.stderr.write(tb)
 
 
-def _destroy_process_group() -> None:
-    if "torch.distributed" not in sys.modules:
-        return
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+def _announce(status_fd: int, code: int) -> None:
+    """Tell the agent the rank's outcome is recorded (``0``: value, ``1``: failure)."""
+    with contextlib.suppress(OSError):
+        os.write(status_fd, b"%d\n" % code)
+        os.close(status_fd)
 
 
 def exit_rank(code: int) -> None:
@@ -217,7 +234,8 @@ def exit_rank(code: int) -> None:
 
     Joins the user's non-daemon threads and runs ``atexit`` handlers as a normal exit does, then
     leaves with ``os._exit``: tearing down torch's modules at interpreter exit costs 0.5-1 s per
-    rank and does nothing useful.
+    rank and does nothing useful, and destroying a process group there can deadlock. If the
+    threads or the handlers never end, the agent kills the rank after its exit grace period.
     """
     try:
         for thread in threading.enumerate():
@@ -231,24 +249,39 @@ def exit_rank(code: int) -> None:
         os._exit(code)
 
 
-def run_rank(req: RankRequest, report_fd: int, listen_fd: int | None, parent: int) -> int:
-    """Run one rank to the end; return its exit code (0: value written, 1: failure written)."""
-    store = None
+def run_rank(req: RankRequest, fds: RankFds, server: int, caller: int) -> int:
+    """Run one rank to the end; return its exit code (0: value written, 1: failure written).
+
+    Args:
+        req: What to run.
+        fds: The rank's report and status pipes and, on rank 0, the rendezvous socket.
+        server: The fork server's PID (this process's parent).
+        caller: The PID of the process that started the fork server.
+    """
+    _die_with_parent(server)
+    code = _run_and_record(req, fds, caller)
+    reporting.flush()  # the newest report, held back by coalescing, still arrives
+    _announce(fds.status, code)
+    return code
+
+
+def _run_and_record(req: RankRequest, fds: RankFds, caller: int) -> int:
     try:
-        _die_with_parent(parent)
         _become_caller(req)
-        reporting.attach(report_fd)
+        process_groups.install()
+        reporting.attach(fds.report)
         if req.data_path is not None:
             from sparktrain.data import shard
 
             shard.set_path(req.data_path)
-        if listen_fd is not None:
-            store = _host_store(req, listen_fd)
+        if fds.listen is not None:  # kept until os._exit: a store is never torn down either
+            process_groups.KEPT.append(_host_store(req, fds.listen))
+        if not caller_alive(server=os.getppid(), caller=caller):
+            os._exit(1)  # the caller died while this rank was being started: run nothing
         value = _run_entry(req)
         if req.keep_value:
             data = cloudpickle.dumps(_unwrap(value))
             _write_atomic(result_path(req.run_dir, req.rank), data)
-        _destroy_process_group()
     except SystemExit as exc:
         if exc.code in (None, 0):
             return 0
@@ -257,7 +290,4 @@ def run_rank(req: RankRequest, report_fd: int, listen_fd: int | None, parent: in
     except BaseException as exc:
         _record_failure(req, exc)
         return 1
-    finally:
-        reporting.flush()  # the newest report, held back by coalescing, still arrives
-        del store
     return 0

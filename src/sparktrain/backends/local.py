@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import shutil
 import socket
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
+from sparktrain import rundirs
 from sparktrain.backends.ranks import NodeLayout, rank_requests, run_node_agent
 from sparktrain.entrypoint import Entrypoint, FunctionEntry, ScriptEntry
 from sparktrain.layout import LaunchPlan
@@ -45,7 +45,7 @@ def run_local(
 ) -> RunResult:
     """Run ``entry`` on ``plan.world_size`` ranks on this machine; see :func:`sparktrain.launch`."""
     started = time.monotonic()
-    run_dir = tempfile.mkdtemp(prefix="sparktrain-run-")  # mode 0700: private to this user
+    run_dir = rundirs.make("run")  # mode 0700: private to this user
     listener = _bind_free_port(LOOPBACK)
     try:
         if isinstance(entry, FunctionEntry):
@@ -85,6 +85,7 @@ def run_local(
             grace=plan.stop_grace,
             hang_timeout=plan.hang_timeout,
             control=monitor,
+            exit_grace=plan.exit_grace,
         )
         stopped = monitor is not None and monitor.stop_requested()
         return finish_plan([report], plan, started=started, stopped=stopped)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from sparktrain import rundirs
 from sparktrain.data import arrow
 
 
@@ -18,7 +18,7 @@ def local_shares(dataframe: Any, ranks: int) -> Iterator[list[str]]:
     table = dataframe.toArrow()
     shares = arrow.split(table, ranks)
     target = max(share.num_rows for share in shares)
-    folder = tempfile.mkdtemp(prefix="sparktrain-data-")
+    folder = rundirs.make("data")
     try:
         paths = [os.path.join(folder, f"share-{rank}.arrow") for rank in range(ranks)]
         arrow.write_shares(shares, target, paths, 0)

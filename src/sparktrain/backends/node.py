@@ -47,6 +47,7 @@ class TaskSpec:
         restart: The attempt number (0 at first).
         max_restarts: Restarts the run allows.
         extra_env: Variables of other contracts for every rank (MLflow's run).
+        exit_grace: Seconds a rank that has returned gets to exit before it is killed.
     """
 
     channel: tuple[str, int]
@@ -67,6 +68,7 @@ class TaskSpec:
     restart: int = 0
     max_restarts: int = 0
     extra_env: dict[str, str] | None = None
+    exit_grace: float = 10.0
 
 
 class ChannelSink(LogSink):
@@ -158,6 +160,7 @@ def supervise(
             hang_timeout=spec.hang_timeout,
             control=channel,
             on_exit=on_exit,
+            exit_grace=spec.exit_grace,
         )
         channel.send({"kind": "bye", "node": node})
         return report

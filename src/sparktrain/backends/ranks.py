@@ -111,6 +111,7 @@ def run_node_agent(
     hang_timeout: float | None,
     control: Control | None,
     on_exit: Callable[[RankExit], None] | None = None,
+    exit_grace: float = 10.0,
 ) -> NodeReport:
     """Run one node's ranks from a warm fork server to their end; return the node's report."""
     server = warm.acquire(env.caller_environ())
@@ -124,6 +125,7 @@ def run_node_agent(
         control=control,
         on_exit=on_exit,
         hang_timeout=hang_timeout,
+        exit_grace=exit_grace,
     )
     try:
         outcome = agent.run()

@@ -35,7 +35,7 @@ from sparktrain.backends.remote import Printer, next_message, task_spec
 from sparktrain.channel import ChannelServer
 from sparktrain.entrypoint import Entrypoint
 from sparktrain.errors import ConfigError
-from sparktrain.layout import ClusterFacts, LaunchPlan, make_cluster_plan
+from sparktrain.layout import DEFAULT_EXIT_GRACE, ClusterFacts, LaunchPlan, make_cluster_plan
 from sparktrain.monitor import Monitor
 from sparktrain.results import NodeReport, RunResult, finish_plan
 
@@ -96,6 +96,7 @@ def make_ray_plan(
     return_all: bool = False,
     max_restarts: object = 0,
     hang_timeout: object = None,
+    exit_grace: object = DEFAULT_EXIT_GRACE,
 ) -> LaunchPlan:
     """Lay out a run on ``nodes``: the fewest nodes that hold the ranks, as many on each.
 
@@ -119,6 +120,7 @@ def make_ray_plan(
         return_all=return_all,
         max_restarts=max_restarts,
         hang_timeout=hang_timeout,
+        exit_grace=exit_grace,
     )
     world = base.world_size
     for count in range(1, len(units) + 1):

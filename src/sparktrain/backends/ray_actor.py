@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import tempfile
 
+from sparktrain import rundirs
 from sparktrain.backends.node import TaskSpec, supervise
 from sparktrain.results import NodeReport
 from sparktrain.worker import payload_path
@@ -77,7 +77,7 @@ class NodeActor:
         else:
             os.environ["OMP_NUM_THREADS"] = caller_threads
         listener, self._listener = self._listener, None
-        run_dir = tempfile.mkdtemp(prefix="sparktrain-ray-")
+        run_dir = rundirs.make("ray")
         try:
             if spec.payload is not None:
                 payload_path(run_dir).write_bytes(spec.payload)

@@ -55,6 +55,7 @@ def task_spec(
         restart=attempt,
         max_restarts=plan.max_restarts,
         extra_env=extra_env,
+        exit_grace=plan.exit_grace,
     )
 
 

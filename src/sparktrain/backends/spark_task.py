@@ -17,12 +17,12 @@ import os
 import re
 import shutil
 import socket
-import tempfile
 from collections.abc import Iterator
 from typing import Any
 
 import cloudpickle
 
+from sparktrain import rundirs
 from sparktrain.backends.node import TaskSpec, supervise
 from sparktrain.results import NodeReport
 from sparktrain.worker import payload_path
@@ -57,7 +57,7 @@ def run_node(spec: TaskSpec, batches: Iterator[Any]) -> Iterator[Any]:
     ctx = BarrierTaskContext.get()
     node = ctx.partitionId()
     hosts = [info.address.rsplit(":", 1)[0] for info in ctx.getTaskInfos()]
-    run_dir = tempfile.mkdtemp(prefix="sparktrain-task-")
+    run_dir = rundirs.make("task")
     try:
         report = _run(spec, ctx, node=node, hosts=hosts, batches=batches, run_dir=run_dir)
     except Exception as exc:  # never fail the barrier task: Spark would rerun the whole stage

@@ -20,11 +20,11 @@ import os
 import runpy
 import shutil
 import sys
-import tempfile
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
+from sparktrain import rundirs
 from sparktrain.compat.torch_distributor import TorchDistributor
 from sparktrain.errors import ConfigError
 
@@ -71,7 +71,7 @@ def run_with_config(config: dict[str, Any], main: Callable[..., Any], *args: Any
 
 def run_script_with_config(config: dict[str, Any], script: str, args: list[str]) -> None:
     """Inside a rank: write ``config`` to a private file; run ``script`` with DeepSpeed flags."""
-    folder = tempfile.mkdtemp(prefix="sparktrain-deepspeed-")
+    folder = rundirs.make("deepspeed")
     try:
         path = os.path.join(folder, "ds_config.json")
         Path(path).write_text(json.dumps(config))

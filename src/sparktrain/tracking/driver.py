@@ -146,6 +146,7 @@ def begin(
             "device": plan.device,
             "dist_backend": plan.dist_backend,
             "max_restarts": plan.max_restarts,
+            "hang_timeout": plan.hang_timeout,
         }
         params.update(child.params if child else {})
         for key, value in params.items():

@@ -33,6 +33,9 @@ from sparktrain.tuning.space import to_optuna
 from sparktrain.tuning.tracking import SearchRun
 
 _TRIAL_ERRORS = (TrainingFailedError, HangError, TrainingTimeoutError, SparkJobError)
+#: A trial whose ranks print and report nothing for this long is stopped as hung, so that one
+#: stuck trial cannot stall the whole search; the search goes on with the next trial.
+TRIAL_HANG_TIMEOUT = 600.0
 
 
 def tune(
@@ -53,6 +56,7 @@ def tune(
     seed: int | None = None,
     mlflow: bool | None = None,
     log_ranks: Any = (),
+    hang_timeout: float | None = TRIAL_HANG_TIMEOUT,
     **launch_options: Any,
 ) -> TuneResult:
     """Search ``search_space`` for the configuration of ``main`` with the best ``metric``.
@@ -80,6 +84,10 @@ def tune(
         mlflow: Track the search as an MLflow run with one child run per trial (``None``: when
             the caller has an active run).
         log_ranks: Ranks whose lines are shown (default: none; errors are still reported).
+        hang_timeout: Seconds without a line or a report from any rank of a trial after which
+            the trial is stopped as hung (and recorded failed, with where each rank waited);
+            600 by default, so that one stuck trial cannot stall the search. ``None`` turns the
+            watch off.
         **launch_options: Passed to each trial's launch (``timeout``, ``hang_timeout``, ...).
 
     Returns:
@@ -104,7 +112,7 @@ def tune(
     )  # fmt: skip
     search.options = dict(
         launch_options, num_processes=num_processes_per_trial, backend=backend,
-        use_gpu=use_gpu, log_ranks=log_ranks,
+        use_gpu=use_gpu, log_ranks=log_ranks, hang_timeout=hang_timeout,
     )  # fmt: skip
     try:
         search.run(remaining, max_concurrent_trials)

@@ -143,7 +143,7 @@ def describe(cmd: str) -> str:
         return "pyspark daemon"
     if "pyspark.worker" in cmd:
         return "pyspark worker"
-    if "sparktrain.forkserver" in cmd:
+    if "sparktrain.node.forkserver" in cmd:
         return "sparktrain fork server"
     if "torch.distributed.run" in cmd:
         return "torchrun"

@@ -249,7 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{killed.survivors}, run directories left after the next launch {killed.dirs_left}"
         )
     strays, _ = leftover_processes(5.0)
-    forkservers = {p: c for p, c in strays.items() if "sparktrain.forkserver" in c}
+    forkservers = {p: c for p, c in strays.items() if "sparktrain.node.forkserver" in c}
     others = {p: c for p, c in strays.items() if p not in forkservers}
     print(f"\nLeftover processes (idle fork servers of this caller not counted): {len(others)}")
     for pid, cmd in others.items():

@@ -44,7 +44,7 @@ def descendants(pid: int) -> set[int]:
         return set()
 
 
-_LONG_LIVED = ("java", "pyspark.daemon", "pyspark.worker", "sparktrain.forkserver")
+_LONG_LIVED = ("java", "pyspark.daemon", "pyspark.worker", "sparktrain.node.forkserver")
 
 
 def _cmdline(pid: int) -> str:
@@ -68,7 +68,7 @@ def _leaked(pid: int) -> bool:
 
     Spark's JVMs, its reused Python workers and idle fork servers live on by design.
     """
-    if "sparktrain.forkserver" in _cmdline(_parent(pid)):
+    if "sparktrain.node.forkserver" in _cmdline(_parent(pid)):
         return True
     return not any(name in _cmdline(pid) for name in _LONG_LIVED)
 

@@ -71,7 +71,8 @@ def test_fork_server_exits_with_the_caller(tmp_path: Path) -> None:
     script = tmp_path / "once.py"
     script.write_text(
         "import os\n"
-        "from sparktrain import launch, warm\n"
+        "from sparktrain import launch\n"
+        "from sparktrain.node import warm\n"
         "if __name__ == '__main__':\n"
         "    launch(os.getpid, num_processes=1, use_gpu=False)\n"
         "    print(*[s.process.pid for s in warm._idle])\n"
@@ -86,7 +87,8 @@ def test_fork_server_exits_with_the_caller(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_fork_server_ignores_stray_signals(sig: int) -> None:
-    from sparktrain import launch, warm
+    from sparktrain import launch
+    from sparktrain.node import warm
 
     launch(os.getpid, num_processes=1, use_gpu=False)
     server = warm._idle[0]

@@ -20,7 +20,7 @@ from sparktrain import (
     TrainingTimeoutError,
     launch,
 )
-from sparktrain.topology import Topology
+from sparktrain.plan.topology import Topology
 
 
 def _all_reduce_rank() -> tuple[int, float, int]:

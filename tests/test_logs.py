@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from sparktrain.logs import LogSink
+from sparktrain.node.logs import LogSink
 
 
 def test_prefixes_and_partial_lines() -> None:

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, alive, wait_gone
-from sparktrain import launch, procfs, rundirs
+from sparktrain import launch, procfs
+from sparktrain.rank import rundirs
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import stress_patterns as patterns
@@ -106,7 +107,8 @@ KILLED_WHILE_QUEUED = (
     patterns.SLEEPY_RANK
     + """
 if __name__ == "__main__":
-    from sparktrain import launch, warm
+    from sparktrain import launch
+    from sparktrain.node import warm
 
     sent = []
     spawn = warm.ForkServer.spawn
@@ -164,17 +166,24 @@ def test_caller_killed_at_any_moment_leaves_nothing(delay: float, tmp_path: Path
     assert all(started < killed_at + 0.2 for _, _, started in records), (records, killed_at)
 
 
-def test_a_dead_callers_run_directory_is_swept_by_the_next_launch(tmp_path: Path) -> None:
+def test_a_dead_callers_run_directory_is_swept_by_the_next_launch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    private = tmp_path / "tmp"  # so that no other launch on this machine sweeps it first
+    private.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
     script = tmp_path / "caller.py"
     script.write_text(patterns.SLEEPY_CALLER)
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
-    caller = subprocess.Popen([sys.executable, str(script), str(pid_dir)])
+    caller = subprocess.Popen(
+        [sys.executable, str(script), str(pid_dir)], env={**os.environ, "TMPDIR": str(private)}
+    )
     deadline = time.monotonic() + 60
     while len(patterns.rank_records(pid_dir)) < 2:
         assert time.monotonic() < deadline and caller.poll() is None
         time.sleep(0.05)
-    left = list(Path(tempfile.gettempdir()).glob(f"sparktrain-run-{caller.pid}-*"))
+    left = list(private.glob(f"sparktrain-run-{caller.pid}-*"))
     assert len(left) == 1
     caller.kill()
     caller.wait()

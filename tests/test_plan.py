@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from sparktrain import ConfigError, TorchDistributor
-from sparktrain.env import RankEnv, rank_environ
-from sparktrain.layout import make_plan
-from sparktrain.topology import Topology
+from sparktrain.plan.layout import make_plan
+from sparktrain.plan.topology import Topology
+from sparktrain.rank.env import RankEnv, rank_environ
 
 CPU = Topology(cpus=2, gpus=(), hostname="h")
 TWO_GPUS = Topology(cpus=8, gpus=("3", "5"), hostname="h")
@@ -100,7 +100,7 @@ def test_rank_environment_contract() -> None:
     assert env["TORCHELASTIC_USE_AGENT_STORE"] == "True"
 
 
-from sparktrain.layout import ClusterFacts, make_cluster_plan  # noqa: E402
+from sparktrain.plan.layout import ClusterFacts, make_cluster_plan  # noqa: E402
 
 
 def test_cluster_plan_cpu_one_rank_per_task() -> None:
@@ -158,7 +158,7 @@ class _Context:
 
 
 def test_task_gpu_addresses_must_be_plain_integers() -> None:
-    from sparktrain.backends.spark_task import TaskSpec, _gpus
+    from sparktrain.node.spark_task import TaskSpec, _gpus
 
     spec = TaskSpec(
         channel=("127.0.0.1", 1), secret=b"", run_id="r", world_size=2, procs_per_node=1,

@@ -10,7 +10,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from sparktrain._version import __version__
-from sparktrain.env import restart_count
 from sparktrain.errors import (
     ConfigError,
     HangError,
@@ -19,7 +18,8 @@ from sparktrain.errors import (
     TrainingFailedError,
     TrainingTimeoutError,
 )
-from sparktrain.reporting import progress, report
+from sparktrain.rank.env import restart_count
+from sparktrain.rank.reporting import progress, report
 
 if TYPE_CHECKING:
     from sparktrain import checkpoint, tuning
@@ -27,10 +27,11 @@ if TYPE_CHECKING:
     from sparktrain.compat.horovod_runner import HorovodRunner
     from sparktrain.compat.tensorflow_runner import MirroredStrategyRunner
     from sparktrain.compat.torch_distributor import TorchDistributor
-    from sparktrain.launcher import launch
-    from sparktrain.layout import LaunchPlan
+    from sparktrain.driver.launch import launch
+    from sparktrain.driver.results import RunResult
+    from sparktrain.node.warm import shutdown as shutdown_warm
+    from sparktrain.plan.layout import LaunchPlan
     from sparktrain.planner import plan
-    from sparktrain.results import RunResult
     from sparktrain.strategies import (
         backward,
         deepspeed_config,
@@ -41,7 +42,6 @@ if TYPE_CHECKING:
     )
     from sparktrain.tracking import log_metrics, log_model, log_params
     from sparktrain.tuning import tune
-    from sparktrain.warm import shutdown as shutdown_warm
 
 __all__ = [
     "ConfigError",
@@ -86,9 +86,9 @@ _LAZY = {
     "HorovodRunner": ("sparktrain.compat.horovod_runner", "HorovodRunner"),
     "MirroredStrategyRunner": ("sparktrain.compat.tensorflow_runner", "MirroredStrategyRunner"),
     "TorchDistributor": ("sparktrain.compat.torch_distributor", "TorchDistributor"),
-    "launch": ("sparktrain.launcher", "launch"),
-    "LaunchPlan": ("sparktrain.layout", "LaunchPlan"),
-    "RunResult": ("sparktrain.results", "RunResult"),
+    "launch": ("sparktrain.driver.launch", "launch"),
+    "LaunchPlan": ("sparktrain.plan.layout", "LaunchPlan"),
+    "RunResult": ("sparktrain.driver.results", "RunResult"),
     "plan": ("sparktrain.planner", "plan"),
     "log_params": ("sparktrain.tracking", "log_params"),
     "log_metrics": ("sparktrain.tracking", "log_metrics"),
@@ -99,7 +99,7 @@ _LAZY = {
     "prepare_optimizer": ("sparktrain.strategies", "prepare_optimizer"),
     "backward": ("sparktrain.strategies", "backward"),
     "deepspeed_config": ("sparktrain.strategies", "deepspeed_config"),
-    "shutdown_warm": ("sparktrain.warm", "shutdown"),
+    "shutdown_warm": ("sparktrain.node.warm", "shutdown"),
     "tune": ("sparktrain.tuning", "tune"),
     "tuning": ("sparktrain", "tuning"),
 }

@@ -152,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     script_args = list(options.args)
     if script_args[:1] == ["--"]:
         script_args = script_args[1:]
-    from sparktrain.launcher import launch
+    from sparktrain.driver.launch import launch
 
     try:
         launch(

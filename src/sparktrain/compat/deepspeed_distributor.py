@@ -24,9 +24,9 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
-from sparktrain import rundirs
 from sparktrain.compat.torch_distributor import TorchDistributor
 from sparktrain.errors import ConfigError
+from sparktrain.rank import rundirs
 
 
 def load_config(config: object) -> dict[str, Any]:

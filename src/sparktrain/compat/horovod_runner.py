@@ -24,16 +24,16 @@ from typing import Any, Literal
 import cloudpickle
 
 from sparktrain.compat.torch_distributor import TorchDistributor
-from sparktrain.entrypoint import make_entrypoint
 from sparktrain.errors import ConfigError
 from sparktrain.horovod.alias import run_with_alias
+from sparktrain.plan.entrypoint import make_entrypoint
 
 Verbosity = Literal["all", "log_callback_only"]
 
 
 def cluster_slots(use_gpu: bool | None) -> int:
     """Ranks that ``np=0`` starts: the cluster's task slots, times the GPUs per task on GPU."""
-    from sparktrain.backends import spark
+    from sparktrain.driver import spark
 
     session = _session(0)
     facts = spark.cluster_facts(session, 1)
@@ -47,7 +47,7 @@ def cluster_slots(use_gpu: bool | None) -> int:
 
 
 def _session(np: int) -> Any:
-    from sparktrain.backends import spark
+    from sparktrain.driver import spark
 
     try:
         return spark.active_session()

@@ -25,7 +25,7 @@ from typing import Any
 
 import cloudpickle
 
-from sparktrain.env import contract_int, contract_rank
+from sparktrain.rank.env import contract_int, contract_rank
 
 _PREFIX = "sparktrain/tf_worker/"
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")

@@ -27,8 +27,8 @@ import cloudpickle
 
 from sparktrain.compat.tensorflow_rank import run_worker
 from sparktrain.compat.torch_distributor import TorchDistributor
-from sparktrain.entrypoint import make_entrypoint
 from sparktrain.errors import ConfigError
+from sparktrain.plan.entrypoint import make_entrypoint
 
 _INSTALL = "pip install 'sparktrain[tensorflow]' (tensorflow-cpu), or tensorflow on GPU machines"
 

@@ -19,10 +19,10 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any, Literal
 
+from sparktrain.driver.launch import launch
 from sparktrain.errors import ConfigError
-from sparktrain.launcher import launch
-from sparktrain.layout import LaunchPlan, make_cluster_plan, make_plan
-from sparktrain.topology import detect_local
+from sparktrain.plan.layout import LaunchPlan, make_cluster_plan, make_plan
+from sparktrain.plan.topology import detect_local
 
 
 class TorchDistributor:
@@ -82,7 +82,7 @@ class TorchDistributor:
         self.backend = backend or ("local" if local_mode else "spark")
         self.ray_address = ray_address
         if self.backend == "ray":
-            from sparktrain.backends import ray
+            from sparktrain.driver import ray
 
             self.plan: LaunchPlan = ray.plan_run(
                 num_processes,
@@ -107,7 +107,7 @@ class TorchDistributor:
                 hang_timeout=hang_timeout,
             )
         else:
-            from sparktrain.backends import spark
+            from sparktrain.driver import spark
 
             self.plan = make_cluster_plan(
                 num_processes,

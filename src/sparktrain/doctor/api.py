@@ -129,7 +129,7 @@ def _is_remote(master: str | None) -> bool:
 
 def _waits(session: Any) -> bool:
     """Whether executors may still be registering (not so in local mode, or over Connect)."""
-    from sparktrain.backends.spark import is_connect
+    from sparktrain.driver.spark import is_connect
 
     if is_connect(session):
         return False

@@ -7,7 +7,7 @@ Design choices:
 - Each check is a function returning a :class:`~sparktrain.doctor.verdicts.Check`.
 - torch is imported (it is a dependency and the question is about it), but no CUDA context is
   created beyond reading device properties, and no process is started.
-- The local launch check calls the launcher's own planner (:func:`sparktrain.layout.make_plan`)
+- The local launch check calls the launcher's own planner (:func:`sparktrain.plan.layout.make_plan`)
   so that doctor's verdict and the launch's error are the same sentence.
 """
 
@@ -96,7 +96,7 @@ def torch_check() -> Check:
 
 
 def _driver_present() -> bool:
-    from sparktrain.topology import _nvidia_driver_present
+    from sparktrain.plan.topology import _nvidia_driver_present
 
     return _nvidia_driver_present()
 
@@ -155,7 +155,7 @@ def _nccl_version(torch: ModuleType) -> str | None:
 
 def gpus_check(*, use_gpu: bool | None = None) -> Check:
     """The GPUs this process sees (``CUDA_VISIBLE_DEVICES`` applies) and their memory."""
-    from sparktrain.topology import detect_gpus
+    from sparktrain.plan.topology import detect_gpus
 
     addresses = detect_gpus()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -219,8 +219,8 @@ def backends_check(*, gpus: int = 0) -> Check:
 
 def local_launch_check(processes: int, *, use_gpu: bool | None = None) -> Check:
     """Whether a launch of ``processes`` ranks on this machine would be accepted, and how."""
-    from sparktrain.layout import make_plan
-    from sparktrain.topology import detect_local
+    from sparktrain.plan.layout import make_plan
+    from sparktrain.plan.topology import detect_local
 
     topology = detect_local()
     facts: dict[str, object] = {"processes": processes, "cpus": topology.cpus}

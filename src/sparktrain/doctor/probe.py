@@ -106,7 +106,7 @@ def probe_verdict(rows: Sequence[dict[str, str]], *, driver_python: str | None =
 
 def probe_check(session: Any, tasks: int, *, timeout: float = 120.0) -> Check:
     """Run a barrier stage of ``tasks`` tasks on ``session`` and judge what they report."""
-    from sparktrain.backends.spark import _summarise
+    from sparktrain.driver.spark import _summarise
 
     tag = f"sparktrain-doctor-{uuid.uuid4().hex[:8]}"
     box: dict[str, Any] = {}

@@ -4,8 +4,8 @@ Executors, task slots, GPU resource settings.
 
 Design choices:
 - The slot count and the task settings come from the Spark backend's own
-  :func:`~sparktrain.backends.spark.cluster_facts`, and the barrier verdict from the launcher's
-  :func:`~sparktrain.layout.make_cluster_plan`, so doctor and a launch never disagree.
+  :func:`~sparktrain.driver.spark.cluster_facts`, and the barrier verdict from the launcher's
+  :func:`~sparktrain.plan.layout.make_cluster_plan`, so doctor and a launch never disagree.
 - Only a session that doctor started itself is given time for its executors to register (the
   launch's own wait); an existing session is judged as it is now, which keeps doctor fast.
 - Spark Connect hides the scheduler: slots and executors are reported as unknown (warning).
@@ -19,7 +19,7 @@ from sparktrain.doctor.verdicts import Check
 from sparktrain.errors import ConfigError
 
 if TYPE_CHECKING:
-    from sparktrain.layout import ClusterFacts
+    from sparktrain.plan.layout import ClusterFacts
 
 DISCOVERY_KEYS = (
     "spark.executor.resource.gpu.discoveryScript",
@@ -40,7 +40,7 @@ def _is_local(master: str) -> bool:
 
 def session_check(session: Any) -> Check:
     """Which session is examined: kind, Spark version, master."""
-    from sparktrain.backends.spark import is_connect
+    from sparktrain.driver.spark import is_connect
 
     connect = is_connect(session)
     master = "(Spark Connect)" if connect else str(session.sparkContext.master)
@@ -56,7 +56,7 @@ def session_check(session: Any) -> Check:
 
 def executors_check(session: Any) -> Check:
     """The executors registered with the driver now."""
-    from sparktrain.backends.spark import is_connect
+    from sparktrain.driver.spark import is_connect
 
     if is_connect(session):
         return Check(
@@ -183,7 +183,7 @@ def slots_and_launch_checks(
         use_gpu: The launch's ``use_gpu`` (``None``: GPUs when tasks get them).
         wait: Give executors that are still registering the launch's time to appear.
     """
-    from sparktrain.backends.spark import SLOT_WAIT_SECONDS, cluster_facts, is_connect
+    from sparktrain.driver.spark import SLOT_WAIT_SECONDS, cluster_facts, is_connect
 
     try:
         facts = cluster_facts(session, processes if wait and processes else 1)
@@ -227,7 +227,7 @@ def slots_and_launch_checks(
 def _barrier_check(
     processes: int, facts: ClusterFacts, per_task: int, use_gpu: bool | None, *, local: bool
 ) -> Check:
-    from sparktrain.layout import make_cluster_plan
+    from sparktrain.plan.layout import make_cluster_plan
 
     data: dict[str, object] = {"processes": processes, "slots": facts.slots}
     try:

@@ -22,7 +22,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sparktrain.env import contract_int
 from sparktrain.errors import ConfigError
 from sparktrain.horovod.collectives import (
     Handle,
@@ -47,6 +46,7 @@ from sparktrain.horovod.collectives import (
 from sparktrain.horovod.compression import Compression
 from sparktrain.horovod.optimizer import DistributedOptimizer
 from sparktrain.horovod.unsupported import HorovodUnsupportedError, unsupported
+from sparktrain.rank.env import contract_int
 
 Average = ReduceOp.AVERAGE
 Sum = ReduceOp.SUM

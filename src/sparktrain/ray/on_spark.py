@@ -137,8 +137,8 @@ def setup_on_spark(
         ConfigError: Ray or pyspark is missing, there is no active SparkSession, or this
             process is already connected to another Ray.
     """
-    from sparktrain.backends.ray import import_ray
-    from sparktrain.backends.spark import active_session
+    from sparktrain.driver.ray import import_ray
+    from sparktrain.driver.spark import active_session
 
     ray = import_ray()
     try:

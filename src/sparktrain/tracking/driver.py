@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparktrain.errors import ConfigError, TrainingFailedError
-from sparktrain.layout import LaunchPlan
+from sparktrain.plan.layout import LaunchPlan
 
 #: While the driver probes the server: fail fast instead of MLflow's minutes of retries.
 _PROBE_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}

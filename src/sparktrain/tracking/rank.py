@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from sparktrain import env
+from sparktrain.rank import env
 
 
 def _run() -> tuple[Any, str] | None:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, Literal
 
+from sparktrain.driver.monitor import Monitor
 from sparktrain.errors import (
     ConfigError,
     HangError,
@@ -26,7 +27,6 @@ from sparktrain.errors import (
     TrainingFailedError,
     TrainingTimeoutError,
 )
-from sparktrain.monitor import Monitor
 from sparktrain.tuning import study as studies
 from sparktrain.tuning.results import TuneResult
 from sparktrain.tuning.space import to_optuna
@@ -228,7 +228,7 @@ class _Search:
         self, number: int, config: dict[str, Any], monitor: Monitor, state: _TrialState
     ) -> Any:
         """The trial's :class:`RunResult`, or the error that ended it."""
-        from sparktrain.launcher import launch
+        from sparktrain.driver.launch import launch
 
         try:
             if self.tracking is None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from sparktrain.driver.results import RunResult
 from sparktrain.errors import ConfigError
-from sparktrain.results import RunResult
 from sparktrain.tuning.results import TrialRecord, TrialState
 from sparktrain.tuning.space import optuna_module
 

@@ -26,7 +26,7 @@ import struct
 import threading
 from typing import Any
 
-log = logging.getLogger("sparktrain.channel")
+log = logging.getLogger("sparktrain.node.channel")
 
 HANDSHAKE_TIMEOUT = 10.0
 SEND_TIMEOUT = 60.0

@@ -9,7 +9,7 @@ Layout: ranks go on as few nodes as hold them (intra-node traffic is cheaper), t
 each node: one CPU (or one GPU) per rank, and on CPU each rank's share of the node's CPUs. One
 node is one bundle in a ``PACK`` group (the local case: one Ray node hosts every rank), several
 nodes are bundles of a ``STRICT_SPREAD`` group, one per node. Each bundle holds one
-:class:`~sparktrain.backends.ray_actor.NodeActor`, which runs the same node code as a Spark task:
+:class:`~sparktrain.node.ray_actor.NodeActor`, which runs the same node code as a Spark task:
 ranks forked from a fork server, live lines over the authenticated channel to this driver, stop
 on the driver's word, and a :class:`NodeReport` that becomes the caller's result or one error.
 Actor 0 binds the rendezvous port on its node before any rank starts.
@@ -29,15 +29,16 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from sparktrain.backends.node import TaskSpec
-from sparktrain.backends.ray_actor import NodeActor
-from sparktrain.backends.remote import Printer, next_message, task_spec
-from sparktrain.channel import ChannelServer
-from sparktrain.entrypoint import Entrypoint
+from sparktrain.driver.monitor import Monitor
+from sparktrain.driver.remote import Printer, next_message, task_spec
+from sparktrain.driver.results import RunResult, finish_plan
 from sparktrain.errors import ConfigError
-from sparktrain.layout import DEFAULT_EXIT_GRACE, ClusterFacts, LaunchPlan, make_cluster_plan
-from sparktrain.monitor import Monitor
-from sparktrain.results import NodeReport, RunResult, finish_plan
+from sparktrain.node.channel import ChannelServer
+from sparktrain.node.ray_actor import NodeActor
+from sparktrain.node.report import NodeReport
+from sparktrain.node.runner import TaskSpec
+from sparktrain.plan.entrypoint import Entrypoint
+from sparktrain.plan.layout import DEFAULT_EXIT_GRACE, ClusterFacts, LaunchPlan, make_cluster_plan
 
 #: How long the placement group may wait for its resources before the launch gives up.
 PLACEMENT_SECONDS = 60.0

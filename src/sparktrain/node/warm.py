@@ -21,9 +21,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sparktrain.forkserver import MAX_MESSAGE
+from sparktrain.node.forkserver import MAX_MESSAGE
 
-_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding sparktrain/
 #: Variables that change without changing what a fork server imports (pytest sets the first
 #: for every test); they do not make an idle server stale.
 VOLATILE = frozenset({"PYTEST_CURRENT_TEST", "PWD", "OLDPWD", "_"})
@@ -48,7 +48,7 @@ class ForkServer:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "sparktrain.forkserver", str(theirs.fileno())],
+                [sys.executable, "-m", "sparktrain.node.forkserver", str(theirs.fileno())],
                 pass_fds=[theirs.fileno()],
                 env=env,
                 stdin=subprocess.DEVNULL,

@@ -13,7 +13,6 @@ A rank failure never fails the task: the driver turns reports into one error.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import socket
@@ -22,10 +21,10 @@ from typing import Any
 
 import cloudpickle
 
-from sparktrain import rundirs
-from sparktrain.backends.node import TaskSpec, supervise
-from sparktrain.results import NodeReport
-from sparktrain.worker import payload_path
+from sparktrain.node.report import NodeReport
+from sparktrain.node.runner import TaskSpec, supervise
+from sparktrain.rank import rundirs
+from sparktrain.rank.paths import payload_path, share_path
 
 _GPU_ADDRESS = re.compile(r"^(0|[1-9][0-9]*)$")
 
@@ -119,7 +118,7 @@ def _run(
             )  # fmt: skip
         target = max(counts)
         first = node * spec.procs_per_node
-        paths = [os.path.join(run_dir, f"share-{first + i}.arrow") for i in range(len(shares))]
+        paths = [str(share_path(run_dir, first + i)) for i in range(len(shares))]
         arrow.write_shares(shares, target, paths, first)
     if spec.payload is not None:
         payload_path(run_dir).write_bytes(spec.payload)

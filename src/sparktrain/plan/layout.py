@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from sparktrain.errors import ConfigError
-from sparktrain.topology import Topology
+from sparktrain.plan.topology import Topology
 
 Device = Literal["cpu", "cuda"]
 #: Seconds a rank that has returned (or raised) gets to exit before it is killed.
@@ -197,7 +197,7 @@ def _assemble(
 
 @dataclass(frozen=True, kw_only=True)
 class ClusterFacts:
-    """What a cluster offers, read before submitting (see :mod:`sparktrain.backends.spark`).
+    """What a cluster offers, read before submitting (see :mod:`sparktrain.driver.spark`).
 
     Attributes:
         task_gpus: ``spark.task.resource.gpu.amount`` (0 when unset).
@@ -288,7 +288,7 @@ def make_plan(
 
     Args:
         num_processes: Number of ranks; a positive int.
-        topology: The node's resources (see :func:`sparktrain.topology.detect_local`).
+        topology: The node's resources (see :func:`sparktrain.plan.topology.detect_local`).
         use_gpu: ``True`` (GPUs, error without), ``False`` (CPU), ``None`` (GPUs if any).
         timeout: Seconds before the run is stopped, or ``None``.
         log_ranks: Ranks whose output to show, or ``None`` for all.

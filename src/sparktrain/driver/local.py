@@ -13,14 +13,14 @@ import time
 import uuid
 from pathlib import Path
 
-from sparktrain import rundirs
-from sparktrain.backends.ranks import NodeLayout, rank_requests, run_node_agent
-from sparktrain.entrypoint import Entrypoint, FunctionEntry, ScriptEntry
-from sparktrain.layout import LaunchPlan
-from sparktrain.logs import LogSink
-from sparktrain.monitor import Monitor
-from sparktrain.results import RunResult, finish_plan
-from sparktrain.worker import payload_path
+from sparktrain.driver.monitor import Monitor
+from sparktrain.driver.results import RunResult, finish_plan
+from sparktrain.node.logs import LogSink
+from sparktrain.node.ranks import NodeLayout, rank_requests, run_node_agent
+from sparktrain.plan.entrypoint import Entrypoint, FunctionEntry, ScriptEntry
+from sparktrain.plan.layout import LaunchPlan
+from sparktrain.rank import rundirs
+from sparktrain.rank.paths import payload_path
 
 LOOPBACK = "127.0.0.1"
 

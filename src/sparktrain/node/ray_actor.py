@@ -15,10 +15,10 @@ import os
 import shutil
 import socket
 
-from sparktrain import rundirs
-from sparktrain.backends.node import TaskSpec, supervise
-from sparktrain.results import NodeReport
-from sparktrain.worker import payload_path
+from sparktrain.node.report import NodeReport
+from sparktrain.node.runner import TaskSpec, supervise
+from sparktrain.rank import rundirs
+from sparktrain.rank.paths import payload_path
 
 
 class NodeActor:

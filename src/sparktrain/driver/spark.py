@@ -21,15 +21,16 @@ from typing import Any
 
 import cloudpickle
 
-from sparktrain.backends.node import TaskSpec
-from sparktrain.backends.remote import Printer, next_message, task_spec
-from sparktrain.backends.spark_task import run_node
-from sparktrain.channel import ChannelServer
-from sparktrain.entrypoint import Entrypoint
+from sparktrain.driver.monitor import Monitor
+from sparktrain.driver.remote import Printer, next_message, task_spec
+from sparktrain.driver.results import RunResult, finish_plan
 from sparktrain.errors import ConfigError, SparkJobError
-from sparktrain.layout import ClusterFacts, LaunchPlan
-from sparktrain.monitor import Monitor
-from sparktrain.results import NodeReport, RunResult, finish_plan
+from sparktrain.node.channel import ChannelServer
+from sparktrain.node.report import NodeReport
+from sparktrain.node.runner import TaskSpec
+from sparktrain.node.spark_task import run_node
+from sparktrain.plan.entrypoint import Entrypoint
+from sparktrain.plan.layout import ClusterFacts, LaunchPlan
 
 SCHEMA = "node long, report binary"
 #: After the first failure, how long the nodes get to stop their ranks before the job is cancelled.

@@ -8,8 +8,8 @@ error message when it dies without a traceback.
 
 A third stream, ``"report"``, carries ``sparktrain.report()`` records as JSON lines: they are not
 printed but parsed and handed to :meth:`LogSink.reports`, which passes them to the run's
-:class:`~sparktrain.monitor.Monitor` (the progress bar, ``on_report``) or, inside a Spark task,
-sends them to the driver. While a progress bar is drawn, lines are written around it.
+:class:`~sparktrain.driver.monitor.Monitor` (the progress bar, ``on_report``) or, inside a
+Spark task, sends them to the driver. While a progress bar is drawn, lines are written around it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import sys
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 if TYPE_CHECKING:
-    from sparktrain.monitor import Monitor
+    from sparktrain.driver.monitor import Monitor
 
 Stream = Literal["stdout", "stderr", "report"]
 

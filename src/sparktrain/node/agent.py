@@ -24,11 +24,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from sparktrain import stacks
 from sparktrain.errors import StackSite
-from sparktrain.logs import LogSink, Stream
-from sparktrain.warm import ForkServer
-from sparktrain.worker import RankRequest, stack_path
+from sparktrain.node import stacks
+from sparktrain.node.logs import LogSink, Stream
+from sparktrain.node.warm import ForkServer
+from sparktrain.rank.paths import stack_path
+from sparktrain.rank.worker import RankRequest
 
 #: How long to keep reading pipes after every rank has exited (a grandchild may hold them).
 DRAIN_SECONDS = 2.0

@@ -14,12 +14,12 @@ import time
 import uuid
 from typing import Any
 
-from sparktrain.backends.node import TaskSpec
-from sparktrain.channel import ChannelServer
-from sparktrain.entrypoint import Entrypoint, FunctionEntry, ScriptEntry
-from sparktrain.layout import LaunchPlan
-from sparktrain.logs import LogSink
-from sparktrain.monitor import Monitor
+from sparktrain.driver.monitor import Monitor
+from sparktrain.node.channel import ChannelServer
+from sparktrain.node.logs import LogSink
+from sparktrain.node.runner import TaskSpec
+from sparktrain.plan.entrypoint import Entrypoint, FunctionEntry, ScriptEntry
+from sparktrain.plan.layout import LaunchPlan
 
 #: After every node returned, how long to wait for log lines still in flight.
 DRAIN_SECONDS = 5.0

@@ -15,13 +15,13 @@ import sys
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Literal
 
-from sparktrain.backends.local import run_local
-from sparktrain.entrypoint import Entrypoint, make_entrypoint
+from sparktrain.driver.local import run_local
+from sparktrain.driver.monitor import Monitor, OnReport
+from sparktrain.driver.results import RunResult
 from sparktrain.errors import ConfigError, SparkJobError, TrainingFailedError, TrainingTimeoutError
-from sparktrain.layout import DEFAULT_EXIT_GRACE, LaunchPlan, make_cluster_plan, make_plan
-from sparktrain.monitor import Monitor, OnReport
-from sparktrain.results import RunResult
-from sparktrain.topology import Topology, detect_local
+from sparktrain.plan.entrypoint import Entrypoint, make_entrypoint
+from sparktrain.plan.layout import DEFAULT_EXIT_GRACE, LaunchPlan, make_cluster_plan, make_plan
+from sparktrain.plan.topology import Topology, detect_local
 
 Attempt = Callable[[int, dict[str, str] | None], RunResult]
 
@@ -143,7 +143,7 @@ def _launch(
     mlflow_strict: bool,
 ) -> RunResult:
     if backend == "spark":
-        from sparktrain.backends import spark
+        from sparktrain.driver import spark
 
         session = spark.active_session()
         plan = make_cluster_plan(
@@ -168,7 +168,7 @@ def _launch(
             strict=mlflow_strict,
         )
     if backend == "ray":
-        from sparktrain.backends import ray
+        from sparktrain.driver import ray
 
         if dataframe is not None:
             raise ConfigError("dataframe= is for backend='spark' or 'local', not 'ray'.")
@@ -204,7 +204,7 @@ def _local_attempt(
 ) -> Attempt:
     if dataframe is None:
         return lambda n, extra: run_local(plan, entry, attempt=n, extra_env=extra, monitor=monitor)
-    from sparktrain.backends.local_data import local_shares
+    from sparktrain.driver.local_data import local_shares
 
     def attempt(n: int, extra: dict[str, str] | None) -> RunResult:
         with local_shares(dataframe, plan.world_size) as paths:

@@ -1,6 +1,6 @@
 """Inside one rank: set the process up, run the entrypoint, leave the result or the failure.
 
-A rank starts as a fresh fork of the warm fork server (see :mod:`sparktrain.forkserver`), which
+A rank starts as a fresh fork of the warm fork server (see :mod:`sparktrain.node.forkserver`), which
 has imported torch but never runs user code. The worker makes the process look like the
 caller's (working directory, ``sys.path``, environment), hosts the rendezvous store on rank 0
 from a socket the agent already bound, runs the function or script, and writes its return value
@@ -8,7 +8,7 @@ or its exception with the traceback to the run's private directory. The exit cod
 agent which of the two to read.
 
 The rank's end belongs to us too. No process group is ever destroyed in a rank (see
-:mod:`sparktrain.process_groups`: that teardown can deadlock torch), and the rank leaves with
+:mod:`sparktrain.rank.process_groups`: that teardown can deadlock torch), and the rank leaves with
 ``os._exit``. As soon as its outcome is on disk, the rank says so on its status pipe; what runs
 after that (the user's non-daemon threads, ``atexit`` handlers) gets the agent's exit grace
 period, after which the agent kills the rank and the run goes on with the outcome it wrote.
@@ -36,11 +36,13 @@ from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
-from sparktrain import process_groups, procfs, reporting
-from sparktrain.entrypoint import ScriptEntry
+from sparktrain import procfs
+from sparktrain.plan.entrypoint import ScriptEntry
+from sparktrain.rank import process_groups, reporting
+from sparktrain.rank.paths import error_path, payload_path, result_path, stack_path
 
 if TYPE_CHECKING:
-    from sparktrain.forkserver import RankFds
+    from sparktrain.node.forkserver import RankFds
 
 _PR_SET_PDEATHSIG = 1
 _stack_file: Any = None
@@ -76,26 +78,6 @@ class RankRequest:
     store_timeout: float = 1800.0
     data_path: str | None = None
     hang_timeout: float | None = None
-
-
-def payload_path(run_dir: str) -> Path:
-    """Where the pickled function and its arguments lie."""
-    return Path(run_dir) / "payload.pkl"
-
-
-def result_path(run_dir: str, rank: int) -> Path:
-    """Where ``rank`` leaves its return value."""
-    return Path(run_dir) / f"rank-{rank}.result"
-
-
-def error_path(run_dir: str, rank: int) -> Path:
-    """Where ``rank`` leaves its failure record."""
-    return Path(run_dir) / f"rank-{rank}.error"
-
-
-def stack_path(run_dir: str, rank: int) -> Path:
-    """Where ``rank`` dumps its Python stacks on SIGUSR1."""
-    return Path(run_dir) / f"rank-{rank}.stack"
 
 
 def collective_timeout(hang_timeout: float) -> float:

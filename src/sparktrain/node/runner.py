@@ -11,17 +11,17 @@ address is the backend's business (``spark_task.py``, ``ray_actor.py``).
 
 from __future__ import annotations
 
-import os
 import socket
 from dataclasses import dataclass
 from typing import Any
 
-from sparktrain.agent import RankExit
-from sparktrain.backends.ranks import NodeLayout, rank_requests, run_node_agent
-from sparktrain.channel import ChannelClient
-from sparktrain.entrypoint import ScriptEntry
-from sparktrain.logs import LogSink, Stream
-from sparktrain.results import NodeReport
+from sparktrain.node.agent import RankExit
+from sparktrain.node.channel import ChannelClient
+from sparktrain.node.logs import LogSink, Stream
+from sparktrain.node.ranks import NodeLayout, rank_requests, run_node_agent
+from sparktrain.node.report import NodeReport
+from sparktrain.plan.entrypoint import ScriptEntry
+from sparktrain.rank.paths import share_path
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,7 +129,7 @@ def supervise(
         threads=spec.threads,
         keep=spec.keep,
         hang_timeout=spec.hang_timeout,
-        data_paths={r: os.path.join(run_dir, f"share-{r}.arrow") for r in shares},
+        data_paths={r: str(share_path(run_dir, r)) for r in shares},
         extra_env=spec.extra_env,
     )
     try:

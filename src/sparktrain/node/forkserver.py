@@ -42,7 +42,7 @@ from typing import Any
 from sparktrain import procfs
 
 #: Imported before the server says it is ready: every rank needs them.
-PRELOAD = ("torch", "torch.distributed", "sparktrain.worker")
+PRELOAD = ("torch", "torch.distributed", "sparktrain.rank.worker")
 #: Imported while idle (no rank alive, nothing asked for a moment): only some runs need them.
 WARM_LATER = ("torch._dynamo", "torch.nn.parallel")
 IDLE_BEFORE_WARMING = 0.5
@@ -261,13 +261,13 @@ class _Server:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of ``python -m sparktrain.forkserver FD``."""
+    """Entry point of ``python -m sparktrain.node.forkserver FD``."""
     args = sys.argv[1:] if argv is None else argv
     sock = socket.socket(fileno=int(args[0]))
     try:
         _Server(sock).serve()
     except _BecomeRank as become:
-        from sparktrain.worker import exit_rank, run_rank
+        from sparktrain.rank.worker import exit_rank, run_rank
 
         code = 1
         try:

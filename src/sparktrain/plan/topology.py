@@ -13,7 +13,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparktrain import env
+from sparktrain.rank import env
 
 
 @dataclass(frozen=True)

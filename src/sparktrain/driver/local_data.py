@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sparktrain import rundirs
 from sparktrain.data import arrow
+from sparktrain.rank import rundirs
+from sparktrain.rank.paths import share_path
 
 
 @contextmanager
@@ -20,7 +20,7 @@ def local_shares(dataframe: Any, ranks: int) -> Iterator[list[str]]:
     target = max(share.num_rows for share in shares)
     folder = rundirs.make("data")
     try:
-        paths = [os.path.join(folder, f"share-{rank}.arrow") for rank in range(ranks)]
+        paths = [str(share_path(folder, rank)) for rank in range(ranks)]
         arrow.write_shares(shares, target, paths, 0)
         yield paths
     finally:

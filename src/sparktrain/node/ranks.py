@@ -12,12 +12,13 @@ import sys
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
-from sparktrain import env, warm
-from sparktrain.agent import Control, NodeAgent, RankExit
-from sparktrain.entrypoint import ScriptEntry
-from sparktrain.logs import LogSink
-from sparktrain.results import NodeReport, node_report
-from sparktrain.worker import RankRequest
+from sparktrain.node import warm
+from sparktrain.node.agent import Control, NodeAgent, RankExit
+from sparktrain.node.logs import LogSink
+from sparktrain.node.report import NodeReport, node_report
+from sparktrain.plan.entrypoint import ScriptEntry
+from sparktrain.rank import env
+from sparktrain.rank.worker import RankRequest
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,6 @@
+"""What runs where a node's ranks are started: the node runner, its agent, the fork server.
+
+A node is the caller's process on the local backend, a Python worker running a Spark barrier
+task, or a Ray actor; each runs the same :mod:`sparktrain.node.runner`. It may import
+:mod:`sparktrain.rank` (the contract it gives ranks) but never :mod:`sparktrain.driver`.
+"""

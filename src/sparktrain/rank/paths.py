@@ -1,0 +1,34 @@
+"""The files of a run directory, as every process of the run names them.
+
+The node writes the payload (the pickled function) and reads what each rank left; the rank reads
+the payload and writes its value, its failure record, or its stacks. One place names them all.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def payload_path(run_dir: str) -> Path:
+    """Where the pickled function and its arguments lie."""
+    return Path(run_dir) / "payload.pkl"
+
+
+def result_path(run_dir: str, rank: int) -> Path:
+    """Where ``rank`` leaves its return value."""
+    return Path(run_dir) / f"rank-{rank}.result"
+
+
+def error_path(run_dir: str, rank: int) -> Path:
+    """Where ``rank`` leaves its failure record."""
+    return Path(run_dir) / f"rank-{rank}.error"
+
+
+def stack_path(run_dir: str, rank: int) -> Path:
+    """Where ``rank`` dumps its Python stacks on SIGUSR1."""
+    return Path(run_dir) / f"rank-{rank}.stack"
+
+
+def share_path(run_dir: str, rank: int) -> Path:
+    """Where ``rank``'s share of a DataFrame lies (an Arrow IPC file)."""
+    return Path(run_dir) / f"share-{rank}.arrow"

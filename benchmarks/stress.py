@@ -93,6 +93,7 @@ def _repeat(pattern: Pattern, label: str, count: int, **options: Any) -> Row:
     log(f"{label}: {count} runs")
     for _ in range(count):
         _one(pattern, row, **options)
+    log(f"done:{row.line()}")  # each row as soon as it is measured
     return row
 
 
@@ -111,6 +112,7 @@ def pause_row(count: int) -> list[Row]:
     for _ in range(count):
         time.sleep(random.uniform(0.0, 1.0))
         _one(PLAIN[0], row)
+    log(f"done:{row.line()}")
     return [row]
 
 
@@ -127,6 +129,7 @@ def concurrent_row(count: int) -> list[Row]:
         thread.start()
     for thread in threads:
         thread.join()
+    log(f"done:{row.line()}")
     return [row]
 
 

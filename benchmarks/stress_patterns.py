@@ -213,7 +213,9 @@ from pathlib import Path
 def sleepy(folder):
     child = subprocess.Popen(["sleep", "1000"])
     record = f"{os.getpid()} {child.pid} {time.time()}"
-    Path(folder, "rank-" + os.environ["RANK"]).write_text(record)
+    name = "rank-" + os.environ["RANK"]
+    Path(folder, name + ".tmp").write_text(record)  # whole or absent, however it is killed
+    os.replace(Path(folder, name + ".tmp"), Path(folder, name))
     time.sleep(1000)
 """
 #: A caller script (``python caller.py FOLDER``) that launches it on 2 ranks, to be killed.
@@ -234,6 +236,8 @@ def rank_records(folder: Any) -> list[tuple[int, int, float]]:
 
     records = []
     for path in Path(folder).glob("rank-*"):
+        if path.suffix == ".tmp":
+            continue
         rank_pid, child_pid, started = path.read_text().split()
         records.append((int(rank_pid), int(child_pid), float(started)))
     return records

@@ -18,6 +18,7 @@ def test_import_pulls_in_nothing_heavy() -> None:
 
 def test_public_names() -> None:
     assert sorted(sparktrain.__all__) == [
+        "ClusterError",
         "ConfigError",
         "DeepspeedTorchDistributor",
         "HangError",
@@ -25,6 +26,7 @@ def test_public_names() -> None:
         "LaunchPlan",
         "MirroredStrategyRunner",
         "RankFailure",
+        "RunOptions",
         "RunResult",
         "SparkJobError",
         "TorchDistributor",
@@ -54,6 +56,7 @@ def test_public_names() -> None:
         assert getattr(sparktrain, name) is not None
     assert issubclass(sparktrain.TrainingFailedError, RuntimeError)
     assert issubclass(sparktrain.ConfigError, ValueError)
+    assert sparktrain.SparkJobError is sparktrain.ClusterError  # the old name, kept
 
 
 def test_unknown_attribute() -> None:

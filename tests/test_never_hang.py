@@ -97,7 +97,9 @@ def test_rank_that_fails_and_lingers_is_reported_as_the_culprit(tmp_path: Path) 
 def test_bad_exit_grace_is_refused() -> None:
     from sparktrain import ConfigError
 
-    with pytest.raises(ConfigError, match=r"exit_grace=0 must be a positive number"):
+    with pytest.raises(
+        ConfigError, match=r"exit_grace=0 must be a positive, finite number of seconds"
+    ):
         launch(os.getpid, num_processes=1, use_gpu=False, exit_grace=0)
 
 

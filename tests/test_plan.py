@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
 
-from sparktrain import ConfigError, TorchDistributor
+from sparktrain import ConfigError, HorovodRunner, TorchDistributor
+from sparktrain.driver.launch import prepare
 from sparktrain.plan.layout import make_plan
+from sparktrain.plan.options import run_options
 from sparktrain.plan.topology import Topology
 from sparktrain.rank.env import RankEnv, rank_environ
 
@@ -55,8 +60,63 @@ def test_gpu_plan_takes_the_first_gpus() -> None:
     ],
 )
 def test_bad_options(kwargs: dict[str, object], pattern: str) -> None:
+    use_gpu = kwargs.pop("use_gpu", None)
     with pytest.raises(ConfigError, match=pattern):
-        make_plan(2, topology=CPU, **kwargs)  # type: ignore[arg-type]
+        prepare(2, topology=CPU, use_gpu=use_gpu, options=run_options(**kwargs))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "pattern"),
+    [
+        ({"timout": 3}, r"unknown option 'timout' \(did you mean 'timeout'\?\); the run"),
+        ({"max_restarts": -1}, r"max_restarts=-1 must be a whole number >= 0"),
+        ({"exit_grace": 0}, r"exit_grace=0 must be a positive, finite number of seconds"),
+        ({"on_report": 3}, r"on_report=3 must be a function"),
+        ({"mlflow": "yes"}, r"mlflow='yes' must be True or False"),
+    ],
+)
+def test_run_options_name_the_bad_value(kwargs: dict[str, object], pattern: str) -> None:
+    with pytest.raises(ConfigError, match=pattern):
+        run_options(**kwargs)
+
+
+def _front_doors() -> dict[str, Callable[..., object]]:
+    from sparktrain import DeepspeedTorchDistributor, MirroredStrategyRunner, launch, tune
+
+    return {
+        "launch": lambda **o: launch(print, num_processes=2, use_gpu=False, **o),
+        "TorchDistributor": lambda **o: TorchDistributor(2, True, False, **o),
+        "DeepspeedTorchDistributor": lambda **o: DeepspeedTorchDistributor(2, 1, True, False, **o),
+        "HorovodRunner": lambda **o: HorovodRunner(-2, use_gpu=False, **o),
+        "MirroredStrategyRunner": lambda **o: MirroredStrategyRunner(2, True, False, **o),
+        "tune": lambda **o: tune(print, {}, num_trials=1, metric="m", use_gpu=False, **o),
+    }
+
+
+@pytest.mark.parametrize("door", sorted(_front_doors()))
+def test_every_front_door_takes_the_same_options(door: str) -> None:
+    make = _front_doors()[door]
+    with pytest.raises(ConfigError, match=r"timeout=-1 must be a positive number of seconds"):
+        make(timeout=-1)
+    with pytest.raises(ConfigError, match=r"unknown option 'max_restart' \(did you mean"):
+        make(max_restart=1)
+    with pytest.raises(ConfigError, match=r"exit_grace='x' must be a positive"):
+        make(exit_grace="x")
+
+
+def test_the_command_line_takes_the_same_options(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from sparktrain.cli import main
+
+    script = tmp_path / "train.py"
+    script.write_text("print('never runs')\n")
+    assert main(["run", "--nproc", "2", "--cpu", "--timeout", "-1", str(script)]) == 2
+    assert "timeout=-1.0 must be a positive number of seconds" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        main(["run", "--log-ranks", "a,b", "x.py"])
+    assert info.value.code == 2
+    assert "--log-ranks 'a,b': 'a,b' must be comma-separated ranks" in capsys.readouterr().err
 
 
 def test_distributor_checks_before_starting(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -158,12 +218,13 @@ class _Context:
 
 
 def test_task_gpu_addresses_must_be_plain_integers() -> None:
-    from sparktrain.node.spark_task import TaskSpec, _gpus
+    from sparktrain.node.spark_task import _gpus
+    from sparktrain.node.spec import NodeSpec
+    from sparktrain.plan.options import RunOptions
 
-    spec = TaskSpec(
-        channel=("127.0.0.1", 1), secret=b"", run_id="r", world_size=2, procs_per_node=1,
-        use_gpu=True, payload=None, script=None, threads=1, timeout=None, grace=1.0,
-        log_ranks=None, keep=frozenset(), with_data=False,
+    spec = NodeSpec(
+        run_id="r", world_size=2, procs_per_node=1, use_gpu=True, threads=1, payload=None,
+        script=None, keep=frozenset(), with_data=False, attempt=0, options=RunOptions(),
     )  # fmt: skip
     assert _gpus(_Context(["3"]), spec) == ("3",)
     with pytest.raises(ValueError, match=r"\['GPU-1f2e'\] are not plain integers"):

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from sparktrain._version import __version__
 from sparktrain.errors import (
+    ClusterError,
     ConfigError,
     HangError,
     RankFailure,
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from sparktrain.driver.results import RunResult
     from sparktrain.node.warm import shutdown as shutdown_warm
     from sparktrain.plan.layout import LaunchPlan
+    from sparktrain.plan.options import RunOptions
     from sparktrain.planner import plan
     from sparktrain.strategies import (
         backward,
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
     from sparktrain.tuning import tune
 
 __all__ = [
+    "ClusterError",
     "ConfigError",
     "DeepspeedTorchDistributor",
     "HangError",
@@ -51,6 +54,7 @@ __all__ = [
     "LaunchPlan",
     "MirroredStrategyRunner",
     "RankFailure",
+    "RunOptions",
     "RunResult",
     "SparkJobError",
     "TorchDistributor",
@@ -89,6 +93,7 @@ _LAZY = {
     "launch": ("sparktrain.driver.launch", "launch"),
     "LaunchPlan": ("sparktrain.plan.layout", "LaunchPlan"),
     "RunResult": ("sparktrain.driver.results", "RunResult"),
+    "RunOptions": ("sparktrain.plan.options", "RunOptions"),
     "plan": ("sparktrain.planner", "plan"),
     "log_params": ("sparktrain.tracking", "log_params"),
     "log_metrics": ("sparktrain.tracking", "log_metrics"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from sparktrain._version import __version__
 from sparktrain.errors import ConfigError, TrainingFailedError
@@ -49,26 +50,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_false",
         help="run on CPU with gloo even if GPUs are present",
     )
-    run.add_argument("--timeout", type=float, default=None, help="stop the run after SECONDS")
-    run.add_argument(
-        "--max-restarts",
-        type=int,
-        default=0,
-        help="restart every rank after a failure, up to N times (default: 0)",
-    )
-    run.add_argument(
-        "--hang-timeout",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="declare a hang after SECONDS without output, and show where each rank waits",
-    )
-    run.add_argument(
-        "--log-ranks",
-        default=None,
-        metavar="0,1",
-        help="comma-separated ranks whose output is shown (default: all)",
-    )
+    _add_option_flags(run)
     run.add_argument("script", help="path of the Python script")
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
     _add_plan_parser(commands)
@@ -76,6 +58,44 @@ def _parser() -> argparse.ArgumentParser:
 
     add_doctor_parser(commands)
     return parser
+
+
+def _add_option_flags(run: argparse.ArgumentParser) -> None:
+    """One flag per run option (``--hang-timeout``, ``--mlflow/--no-mlflow``, ...).
+
+    The flags come from :class:`~sparktrain.plan.options.RunOptions` itself; left out are
+    ``return_all`` (a script returns no value) and ``on_report`` (a function).
+    """
+    from sparktrain.plan.options import cli_options
+
+    group = run.add_argument_group("run options (as for sparktrain.launch)")
+    for name, parse, text in cli_options():
+        flag = "--" + name.replace("_", "-")
+        if parse is bool:
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=text)
+        else:
+            group.add_argument(flag, type=_parser_of(flag, parse), default=None, help=text)
+
+
+def _parser_of(flag: str, parse: Any) -> Any:
+    def read(text: str) -> Any:
+        try:
+            return parse(text)
+        except (ValueError, ConfigError) as exc:
+            raise argparse.ArgumentTypeError(f"{flag} {text!r}: {exc}") from None
+
+    read.__name__ = getattr(parse, "__name__", "value")
+    return read
+
+
+def _given_options(parsed: argparse.Namespace) -> dict[str, Any]:
+    from sparktrain.plan.options import cli_options
+
+    return {
+        name: getattr(parsed, name)
+        for name, _, _ in cli_options()
+        if getattr(parsed, name) is not None
+    }
 
 
 def _add_plan_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -126,15 +146,6 @@ def _add_plan_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     )
 
 
-def _log_ranks(text: str | None) -> list[int] | None:
-    if text is None:
-        return None
-    try:
-        return [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise ConfigError(f"--log-ranks={text!r} must be comma-separated ranks, e.g. 0,1") from None
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the process exit code."""
     options = _parser().parse_args(argv)
@@ -160,10 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             script_args,
             num_processes=options.nproc,
             use_gpu=options.use_gpu,
-            timeout=options.timeout,
-            log_ranks=_log_ranks(options.log_ranks),
-            max_restarts=options.max_restarts,
-            hang_timeout=options.hang_timeout,
+            **_given_options(options),
         )
     except ConfigError as exc:
         print(f"sparktrain: error: {exc}", file=sys.stderr)

@@ -6,6 +6,9 @@ Design choices:
 - A failed run is one :class:`TrainingFailedError` (a ``RuntimeError``) that names the *culprit*,
   the rank that failed first, with its remote traceback, and the *victims*, the ranks stopped
   because of it. Every rank's failure stays available in ``failures`` for programs.
+- A failure of the infrastructure (a lost node, executor, actor or fork server) is one
+  :class:`ClusterError`, whatever the backend. Like a rank's failure, it is restarted under
+  ``max_restarts``.
 """
 
 from __future__ import annotations
@@ -144,8 +147,17 @@ class HangError(TrainingFailedError):
         )
 
 
-class SparkJobError(RuntimeError):
-    """The Spark barrier job itself failed (an executor was lost, the job was cancelled...)."""
+class ClusterError(RuntimeError):
+    """The infrastructure failed, not a rank's code.
+
+    A lost node, executor, Ray actor or fork server, a Spark job that failed or was cancelled,
+    nodes that did not end when killed. On every backend, ``max_restarts`` restarts the run
+    after one, as after a rank's failure.
+    """
+
+
+#: The name this error had when only the Spark backend raised it; the same class.
+SparkJobError = ClusterError
 
 
 class TrainingTimeoutError(TrainingFailedError):

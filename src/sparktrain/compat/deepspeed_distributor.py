@@ -20,12 +20,15 @@ import os
 import runpy
 import shutil
 import sys
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Literal
+
+from typing_extensions import Unpack
 
 from sparktrain.compat.torch_distributor import TorchDistributor
 from sparktrain.errors import ConfigError
+from sparktrain.plan.options import RunOptions, RunOptionsArgs
 from sparktrain.rank import rundirs
 
 
@@ -85,6 +88,8 @@ def run_script_with_config(config: dict[str, Any], script: str, args: list[str])
 class DeepspeedTorchDistributor(TorchDistributor):
     """Run DeepSpeed training on ``numGpus * nnodes`` ranks (pyspark's signature)."""
 
+    count_name: ClassVar[str] = "numGpus * nnodes"
+
     def __init__(
         self,
         numGpus: int = 1,
@@ -93,32 +98,30 @@ class DeepspeedTorchDistributor(TorchDistributor):
         useGpu: bool | None = None,
         deepspeedConfig: dict[str, Any] | str | os.PathLike[str] | None = None,
         *,
-        timeout: float | None = None,
-        log_ranks: Collection[int] | None = None,
-        max_restarts: int = 0,
-        hang_timeout: float | None = None,
-        mlflow: bool | None = None,
-        mlflow_strict: bool = False,
+        backend: Literal["local", "spark", "ray"] | None = None,
+        ray_address: str | None = None,
+        options: RunOptions | None = None,
+        **option_args: Unpack[RunOptionsArgs],
     ) -> None:
         """Check the configuration and the layout; nothing starts yet.
 
         Args:
             numGpus: Ranks per node (GPUs per node on GPU).
-            nnodes: Nodes; more than one needs ``localMode=False`` (Spark).
+            nnodes: Nodes; more than one needs ``localMode=False`` (Spark) or ``backend="ray"``.
             localMode: ``True``: every rank on this machine; ``False``: on Spark executors.
             useGpu: ``True``, ``False`` or ``None`` (GPUs when available).
             deepspeedConfig: A dict, the path of a JSON file, or ``None``.
-            timeout: Seconds before the run is stopped.
-            log_ranks: Ranks whose output is shown.
-            max_restarts: Restarts of the whole group after a failure.
-            hang_timeout: Seconds without progress before a hang is reported.
-            mlflow: Track the run in MLflow (``None``: when the caller has an active run).
-            mlflow_strict: Raise, instead of warning, when tracking cannot be used.
+            backend: Where the ranks run (``None``: follows ``localMode``); see
+                :class:`TorchDistributor`.
+            ray_address: With ``backend="ray"``: the cluster to join.
+            options: A :class:`~sparktrain.plan.options.RunOptions` to start from.
+            **option_args: Run options by name (``timeout``, ``max_restarts``,
+                ``hang_timeout``, ``mlflow``, ...), as for :func:`sparktrain.launch`.
         """
         for name, value in (("numGpus", numGpus), ("nnodes", nnodes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name}={value!r} must be a positive int")
-        if nnodes > 1 and localMode:
+        if nnodes > 1 and localMode and backend in (None, "local"):
             raise ConfigError(
                 f"nnodes={nnodes} with localMode=True: local mode runs on this machine only; "
                 "pass localMode=False to spread the ranks over Spark executors, or nnodes=1."
@@ -130,12 +133,10 @@ class DeepspeedTorchDistributor(TorchDistributor):
             numGpus * nnodes,
             localMode,
             useGpu,
-            timeout=timeout,
-            log_ranks=log_ranks,
-            max_restarts=max_restarts,
-            hang_timeout=hang_timeout,
-            mlflow=mlflow,
-            mlflow_strict=mlflow_strict,
+            backend=backend,
+            ray_address=ray_address,
+            options=options,
+            **option_args,
         )
 
     def run(self, main: Any, *args: Any, **kwargs: Any) -> Any:

@@ -22,11 +22,13 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import cloudpickle
+from typing_extensions import Unpack
 
-from sparktrain.compat.torch_distributor import TorchDistributor
+from sparktrain.driver.launch import PreparedLaunch, prepare
 from sparktrain.errors import ConfigError
 from sparktrain.horovod.alias import run_with_alias
 from sparktrain.plan.entrypoint import make_entrypoint
+from sparktrain.plan.options import RunOptions, RunOptionsArgs, run_options
 
 Verbosity = Literal["all", "log_callback_only"]
 
@@ -67,24 +69,26 @@ class HorovodRunner:
         driver_log_verbosity: Verbosity = "all",
         *,
         use_gpu: bool | None = None,
-        timeout: float | None = None,
-        max_restarts: int = 0,
-        hang_timeout: float | None = None,
-        mlflow: bool | None = None,
+        backend: Literal["spark", "ray"] | None = None,
+        ray_address: str | None = None,
+        options: RunOptions | None = None,
+        **option_args: Unpack[RunOptionsArgs],
     ) -> None:
-        """Describe the run; input is checked here, before anything starts.
+        """Describe the run; input is checked, and the ranks laid out, here.
 
         Args:
-            np: ``> 0``: that many ranks on Spark; ``< 0``: ``-np`` ranks on this machine;
-                ``0``: every task slot (or GPU) of the Spark cluster.
+            np: ``> 0``: that many ranks on the cluster; ``< 0``: ``-np`` ranks on this
+                machine; ``0``: every task slot (or GPU) of the Spark cluster.
             driver_log_verbosity: ``"all"`` shows every rank's output; ``"log_callback_only"``
-                shows rank 0's only (there is no separate log callback here).
+                shows rank 0's only (there is no separate log callback here). An explicit
+                ``log_ranks=`` wins.
             use_gpu: ``True``, ``False``, or ``None`` for GPUs when there are some (sparktrain's
                 addition; Databricks decides from the cluster).
-            timeout: Seconds after which the run is stopped.
-            max_restarts: Restarts of the whole group after a failure.
-            hang_timeout: Seconds without progress before a hang is reported.
-            mlflow: Track the run in MLflow (``None``: when the caller has an active run).
+            backend: The cluster of ``np > 0``: ``"spark"`` (the default) or ``"ray"``.
+            ray_address: With ``backend="ray"``: the cluster to join.
+            options: A :class:`~sparktrain.plan.options.RunOptions` to start from.
+            **option_args: Run options by name (``timeout``, ``max_restarts``,
+                ``hang_timeout``, ``mlflow``, ...), as for :func:`sparktrain.launch`.
 
         Raises:
             ConfigError: ``np`` is not an int, a bad verbosity, or the layout does not fit.
@@ -100,20 +104,32 @@ class HorovodRunner:
                 f"driver_log_verbosity={driver_log_verbosity!r} must be 'all' or "
                 "'log_callback_only'."
             )
+        if backend not in (None, "spark", "ray"):
+            raise ConfigError(
+                f"backend={backend!r}: HorovodRunner runs np>0 processes on 'spark' (the "
+                "default) or 'ray'; np<0 runs them on this machine."
+            )
         self.np = np
         self.driver_log_verbosity = driver_log_verbosity
-        if np > 0:
+        if driver_log_verbosity == "log_callback_only" and "log_ranks" not in option_args:
+            option_args["log_ranks"] = (0,)
+        self.options = run_options(options, **option_args)
+        where = "local" if np < 0 else (backend or "spark")
+        if np == 0 and where != "spark":
+            raise ConfigError(
+                f"np=0 uses every task slot of a Spark cluster; with backend={backend!r}, pass "
+                "the number of processes, e.g. np=4."
+            )
+        if where == "spark":
             _session(np)
         processes = -np if np < 0 else (np or cluster_slots(use_gpu))
-        self._distributor = TorchDistributor(
+        self.prepared: PreparedLaunch = prepare(
             processes,
-            np < 0,
-            use_gpu,
-            timeout=timeout,
-            log_ranks=None if driver_log_verbosity == "all" else (0,),
-            max_restarts=max_restarts,
-            hang_timeout=hang_timeout,
-            mlflow=mlflow,
+            use_gpu=use_gpu,
+            backend=where,
+            ray_address=ray_address,
+            options=self.options,
+            name="-np" if np < 0 else "np",
         )
         self.num_processes = processes
 
@@ -135,4 +151,5 @@ class HorovodRunner:
         if not callable(main):
             raise ConfigError(f"main={main!r} must be the training function (a callable)")
         make_entrypoint(main, (), kwargs)  # names what does not pickle, before anything starts
-        return self._distributor.run(run_with_alias, cloudpickle.dumps((main, kwargs)))
+        payload = cloudpickle.dumps((main, kwargs))
+        return self.prepared.run(run_with_alias, (payload,)).value

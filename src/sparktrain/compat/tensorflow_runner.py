@@ -21,14 +21,16 @@ Differences, on purpose:
 from __future__ import annotations
 
 import importlib.util
-from typing import Any
+from typing import Any, Literal
 
 import cloudpickle
+from typing_extensions import Unpack
 
 from sparktrain.compat.tensorflow_rank import run_worker
-from sparktrain.compat.torch_distributor import TorchDistributor
+from sparktrain.driver.launch import PreparedLaunch, prepare
 from sparktrain.errors import ConfigError
 from sparktrain.plan.entrypoint import make_entrypoint
+from sparktrain.plan.options import RunOptions, RunOptionsArgs, run_options
 
 _INSTALL = "pip install 'sparktrain[tensorflow]' (tensorflow-cpu), or tensorflow on GPU machines"
 
@@ -49,10 +51,12 @@ class MirroredStrategyRunner:
         gpu_resource_name: str = "gpu",
         use_custom_strategy: bool = False,
         *,
-        timeout: float | None = None,
-        hang_timeout: float | None = None,
+        backend: Literal["local", "spark", "ray"] | None = None,
+        ray_address: str | None = None,
+        options: RunOptions | None = None,
+        **option_args: Unpack[RunOptionsArgs],
     ) -> None:
-        """Describe the run; input is checked here, before anything starts.
+        """Describe the run; input is checked, and the workers laid out, here.
 
         Args:
             num_slots: Number of workers (one GPU each with ``use_gpu=True``, else one task
@@ -63,8 +67,13 @@ class MirroredStrategyRunner:
             gpu_resource_name: Spark's GPU resource name; only ``"gpu"`` is supported.
             use_custom_strategy: ``True``: ``train_fn`` creates its own strategy; ``False``: it
                 runs inside a ``MultiWorkerMirroredStrategy`` scope.
-            timeout: Seconds after which the run is stopped (sparktrain's addition).
-            hang_timeout: Seconds without output before a hang is reported.
+            backend: Where the workers run (``None``: follows ``local_mode``); sparktrain's
+                addition, as for :class:`~sparktrain.TorchDistributor`.
+            ray_address: With ``backend="ray"``: the cluster to join.
+            options: A :class:`~sparktrain.plan.options.RunOptions` to start from.
+            **option_args: Run options by name (``timeout``, ``max_restarts``,
+                ``hang_timeout``, ``mlflow``, ...), as for :func:`sparktrain.launch`
+                (sparktrain's addition).
 
         Raises:
             ConfigError: A bad value, GPUs asked for but absent, TensorFlow missing locally.
@@ -86,19 +95,23 @@ class MirroredStrategyRunner:
                 "'gpu' resource (spark.task.resource.gpu.amount); name the resource 'gpu' in "
                 "the cluster configuration, or pass use_gpu=False."
             )
-        if local_mode and importlib.util.find_spec("tensorflow") is None:
+        where = backend or ("local" if local_mode else "spark")
+        if where == "local" and importlib.util.find_spec("tensorflow") is None:
             raise ConfigError(f"MirroredStrategyRunner needs TensorFlow: {_INSTALL}")
         self.num_slots = num_slots
         self.local_mode = local_mode
         self.use_gpu = use_gpu
         self.gpu_resource_name = gpu_resource_name
         self.use_custom_strategy = use_custom_strategy
-        try:
-            self._distributor = TorchDistributor(
-                num_slots, local_mode, use_gpu, timeout=timeout, hang_timeout=hang_timeout
-            )
-        except ConfigError as exc:
-            raise ConfigError(str(exc).replace("num_processes", "num_slots")) from None
+        self.options = run_options(options, **option_args)
+        self.prepared: PreparedLaunch = prepare(
+            num_slots,
+            use_gpu=use_gpu,
+            backend=where,
+            ray_address=ray_address,
+            options=self.options,
+            name="num_slots",
+        )
 
     def run(self, train_fn: Any, **kwargs: Any) -> Any:
         """Run ``train_fn(**kwargs)`` on every worker and return worker 0's value.
@@ -118,4 +131,5 @@ class MirroredStrategyRunner:
             raise ConfigError(f"train_fn={train_fn!r} must be the training function")
         make_entrypoint(train_fn, (), kwargs)  # names what does not pickle, before starting
         payload = cloudpickle.dumps((train_fn, kwargs))
-        return self._distributor.run(run_worker, payload, self.use_custom_strategy, self.use_gpu)
+        args = (payload, self.use_custom_strategy, self.use_gpu)
+        return self.prepared.run(run_worker, args).value

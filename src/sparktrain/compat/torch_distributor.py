@@ -12,21 +12,27 @@ Same positional order and meaning: ``TorchDistributor(num_processes, local_mode,
   tasks of the active SparkSession (classic or Spark Connect); its settings are checked here,
   before anything is submitted.
 - ``backend="ray"`` (ours) runs the ranks on a Ray cluster instead, one actor per node.
+- Every run option of :func:`sparktrain.launch` is a keyword here too (``timeout=``,
+  ``max_restarts=``, ``hang_timeout=``, ...). The layout is checked in the constructor (on
+  Spark, the free task slots are counted then), and every ``run`` uses that same plan.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from sparktrain.driver.launch import launch
+from typing_extensions import Unpack
+
+from sparktrain.driver.launch import PreparedLaunch, prepare
 from sparktrain.errors import ConfigError
-from sparktrain.plan.layout import LaunchPlan, make_cluster_plan, make_plan
-from sparktrain.plan.topology import detect_local
+from sparktrain.plan.options import RunOptions, RunOptionsArgs, run_options
 
 
 class TorchDistributor:
     """Run a PyTorch training function or script on several processes."""
+
+    #: What messages call the number of ranks (subclasses use their own parameter's name).
+    count_name: ClassVar[str] = "num_processes"
 
     def __init__(
         self,
@@ -34,16 +40,12 @@ class TorchDistributor:
         local_mode: bool = True,
         use_gpu: bool | None = None,
         *,
-        timeout: float | None = None,
-        log_ranks: Collection[int] | None = None,
-        max_restarts: int = 0,
-        hang_timeout: float | None = None,
-        mlflow: bool | None = None,
-        mlflow_strict: bool = False,
         backend: Literal["local", "spark", "ray"] | None = None,
         ray_address: str | None = None,
+        options: RunOptions | None = None,
+        **option_args: Unpack[RunOptionsArgs],
     ) -> None:
-        """Describe the run; input is checked here, before anything starts.
+        """Describe the run; input is checked, and the ranks laid out, here.
 
         Args:
             num_processes: Number of ranks (on GPU: number of GPUs used).
@@ -51,73 +53,37 @@ class TorchDistributor:
                 tasks on the active SparkSession's executors (one rank per task on CPU, one per
                 GPU of a task on GPU).
             use_gpu: ``True``, ``False``, or ``None`` for GPUs when CUDA is available.
-            timeout: Seconds after which the run is stopped (``None``: no limit).
-            log_ranks: Ranks whose output is shown (``None``: all).
-            max_restarts: After a failure, restart the whole group up to this many times.
-            hang_timeout: Seconds without progress (output or ``sparktrain.report()``) before
-                the run is declared hung and each rank's waiting line is reported.
-            mlflow: Track the run in MLflow (``None``: when the caller has an active run).
-            mlflow_strict: Raise, instead of warning, when tracking cannot be used.
             backend: Where the ranks run; ``None`` follows ``local_mode`` (``"local"`` or
                 ``"spark"``). ``"ray"``: one actor per node of a Ray cluster; ``local_mode``
                 is then not used.
             ray_address: With ``backend="ray"``: the cluster to join when this process has
                 no Ray initialised (``None``: ``RAY_ADDRESS``, else a local Ray).
+            options: A :class:`~sparktrain.plan.options.RunOptions` to start from.
+            **option_args: Run options by name: ``timeout``, ``hang_timeout``,
+                ``max_restarts``, ``exit_grace``, ``stop_grace``, ``log_ranks``, ``return_all``,
+                ``mlflow``, ``mlflow_strict``, ``progress``, ``on_report`` (see
+                :class:`~sparktrain.plan.options.RunOptions`).
 
         Raises:
-            ConfigError: A value is out of range; the message says what to pass.
+            ConfigError: A value is out of range, or the ranks do not fit; the message says
+                what to pass.
         """
         if not isinstance(local_mode, bool):
             raise ConfigError(f"local_mode={local_mode!r} must be True or False.")
         self.num_processes = num_processes
         self.local_mode = local_mode
         self.use_gpu = use_gpu
-        self.timeout = timeout
-        self.log_ranks = log_ranks
-        self.max_restarts = max_restarts
-        self.hang_timeout = hang_timeout
-        self.mlflow = mlflow
-        self.mlflow_strict = mlflow_strict
-        self._topology = None
         self.backend = backend or ("local" if local_mode else "spark")
-        self.ray_address = ray_address
-        if self.backend == "ray":
-            from sparktrain.driver import ray
-
-            self.plan: LaunchPlan = ray.plan_run(
-                num_processes,
-                address=ray_address,
-                use_gpu=use_gpu,
-                timeout=timeout,
-                log_ranks=log_ranks,
-                max_restarts=max_restarts,
-                hang_timeout=hang_timeout,
-            )
-        elif self.backend not in ("local", "spark"):
-            raise ConfigError(f"backend={backend!r} is not one of: local, spark, ray")
-        elif self.backend == "local":
-            self._topology = detect_local(gpus=use_gpu is not False)
-            self.plan = make_plan(
-                num_processes,
-                topology=self._topology,
-                use_gpu=use_gpu,
-                timeout=timeout,
-                log_ranks=log_ranks,
-                max_restarts=max_restarts,
-                hang_timeout=hang_timeout,
-            )
-        else:
-            from sparktrain.driver import spark
-
-            self.plan = make_cluster_plan(
-                num_processes,
-                facts=spark.cluster_facts(spark.active_session(), num_processes),
-                use_gpu=use_gpu,
-                timeout=timeout,
-                log_ranks=log_ranks,
-                max_restarts=max_restarts,
-                hang_timeout=hang_timeout,
-            )
+        self.options = run_options(options, **option_args)
+        self.prepared: PreparedLaunch = prepare(
+            num_processes,
+            use_gpu=use_gpu,
+            backend=self.backend,
+            ray_address=ray_address,
+            options=self.options,
+            name=self.count_name,
+        )
+        self.plan = self.prepared.plan
 
     def run(self, main: Any, *args: Any, **kwargs: Any) -> Any:
         """Run ``main`` on every rank and return rank 0's value.
@@ -135,7 +101,7 @@ class TorchDistributor:
         Raises:
             TrainingFailedError: A rank failed; the message names it with its traceback.
         """
-        return self._launch(main, args, kwargs, None).value
+        return self.prepared.run(main, args, kwargs).value
 
     def train_on_dataframe(self, main: Any, df: Any, *args: Any, **kwargs: Any) -> Any:
         """Run ``main`` with each rank's share of ``df``'s rows; return rank 0's value.
@@ -155,23 +121,4 @@ class TorchDistributor:
         """
         if not callable(main):
             raise ConfigError(f"main={main!r} must be the training function for a DataFrame run.")
-        return self._launch(main, args, kwargs, df).value
-
-    def _launch(self, main: Any, args: Any, kwargs: Any, df: Any) -> Any:
-        return launch(
-            main,
-            args,
-            kwargs,
-            num_processes=self.num_processes,
-            use_gpu=self.use_gpu,
-            timeout=self.timeout,
-            log_ranks=self.log_ranks,
-            max_restarts=self.max_restarts,
-            hang_timeout=self.hang_timeout,
-            mlflow=self.mlflow,
-            mlflow_strict=self.mlflow_strict,
-            topology=self._topology,
-            backend=self.backend,
-            dataframe=df,
-            ray_address=self.ray_address,
-        )
+        return self.prepared.run(main, args, kwargs, dataframe=df).value

@@ -96,9 +96,9 @@ def torch_check() -> Check:
 
 
 def _driver_present() -> bool:
-    from sparktrain.plan.topology import _nvidia_driver_present
+    from sparktrain.plan.topology import nvidia_driver_present
 
-    return _nvidia_driver_present()
+    return nvidia_driver_present()
 
 
 def cuda_check() -> Check:

@@ -106,7 +106,7 @@ def probe_verdict(rows: Sequence[dict[str, str]], *, driver_python: str | None =
 
 def probe_check(session: Any, tasks: int, *, timeout: float = 120.0) -> Check:
     """Run a barrier stage of ``tasks`` tasks on ``session`` and judge what they report."""
-    from sparktrain.driver.spark import _summarise
+    from sparktrain.driver.spark import summarise_job_error
 
     tag = f"sparktrain-doctor-{uuid.uuid4().hex[:8]}"
     box: dict[str, Any] = {}
@@ -141,7 +141,7 @@ def probe_check(session: Any, tasks: int, *, timeout: float = 120.0) -> Check:
         return Check(
             name="spark.probe",
             verdict="error",
-            found=f"a barrier stage of {tasks} task(s) failed: {_summarise(box['error'])}",
+            found=f"a barrier stage of {tasks} task(s) failed: {summarise_job_error(box['error'])}",
             fix="pandas and pyarrow must be installed on the executors; " + PYTHON_FIX,
             facts={"tasks": tasks},
         )

@@ -1,29 +1,178 @@
-"""``launch``: the one core call that every front door uses.
+"""``launch``: the one core call that every front door uses, and the launch it prepares.
 
-``launch`` validates everything first (the entrypoint pickles, the plan fits this machine or the
-cluster), and only then starts processes. It returns a :class:`RunResult` with rank 0's value (or
-every rank's) or raises one :class:`TrainingFailedError` naming the rank that failed first. With
-``max_restarts=K``, a failed group is stopped whole and started again, up to K times; inside the
-ranks ``sparktrain.restart_count()`` tells which attempt runs, so that training resumes from its
-last checkpoint.
+A launch is prepared once (:func:`prepare`): the backend is chosen, the ranks are laid out on
+what it offers (on Spark, the free task slots are counted then), the options are checked; and
+only then is anything started. Front doors that take their arguments in a constructor
+(``TorchDistributor``) keep the :class:`PreparedLaunch` and run it, so the plan checked is the
+plan run. Each run is a sequence of attempts: with ``max_restarts=K``, a failed group (a rank's
+failure or a lost node) is stopped whole and started again, up to K times; inside the ranks
+``sparktrain.restart_count()`` tells which attempt runs, so that training resumes from its last
+checkpoint. Each attempt's nodes are followed by :func:`~sparktrain.driver.follow.follow`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any, Literal
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from sparktrain.driver.local import run_local
-from sparktrain.driver.monitor import Monitor, OnReport
-from sparktrain.driver.results import RunResult
-from sparktrain.errors import ConfigError, SparkJobError, TrainingFailedError, TrainingTimeoutError
+from typing_extensions import Unpack
+
+from sparktrain.driver.backend import Attempt, Backend, make_backend
+from sparktrain.driver.follow import follow
+from sparktrain.driver.monitor import Monitor
+from sparktrain.driver.results import RunResult, finish
+from sparktrain.errors import (
+    ClusterError,
+    ConfigError,
+    TrainingFailedError,
+    TrainingTimeoutError,
+)
 from sparktrain.plan.entrypoint import Entrypoint, make_entrypoint
-from sparktrain.plan.layout import DEFAULT_EXIT_GRACE, LaunchPlan, make_cluster_plan, make_plan
-from sparktrain.plan.topology import Topology, detect_local
+from sparktrain.plan.layout import LaunchPlan
+from sparktrain.plan.options import RunOptions, RunOptionsArgs, run_options
+from sparktrain.plan.topology import Topology
 
-Attempt = Callable[[int, dict[str, str] | None], RunResult]
+
+@dataclass(frozen=True)
+class PreparedLaunch:
+    """A launch checked and laid out, ready to run (as many times as wanted).
+
+    Attributes:
+        backend: Where the nodes run.
+        plan: The layout of every attempt.
+        options: The run's policy.
+    """
+
+    backend: Backend
+    plan: LaunchPlan
+    options: RunOptions
+
+    def run(
+        self,
+        main: Any,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        dataframe: Any = None,
+        monitor: Monitor | None = None,
+    ) -> RunResult:
+        """Run ``main`` on every rank of the plan and wait for them (see :func:`launch`).
+
+        Args:
+            main: A function or the path of a script.
+            args: Positional arguments (a script's command line).
+            kwargs: Keyword arguments for a function.
+            dataframe: A Spark DataFrame whose rows are shared among the ranks.
+            monitor: The monitor to report to (``sparktrain.tune`` brings its own, to stop
+                trials); by default one is made from the options' ``progress`` and
+                ``on_report``.
+        """
+        return self.run_entry(make_entrypoint(main, args, kwargs), dataframe, monitor)
+
+    def run_entry(
+        self, entry: Entrypoint, dataframe: Any = None, monitor: Monitor | None = None
+    ) -> RunResult:
+        """:meth:`run` for an entrypoint already made (and checked)."""
+        if dataframe is not None and not self.backend.takes_dataframe:
+            raise ConfigError(
+                f"dataframe= is for backend='spark' or 'local', not {self.backend.name!r}."
+            )
+        monitor = monitor or Monitor(
+            progress=self.options.progress, on_report=self.options.on_report
+        )
+        try:
+            result = self._tracked(entry, dataframe, monitor)
+        finally:
+            monitor.close()
+        if monitor.error is not None:
+            raise monitor.error
+        return result
+
+    def _tracked(self, entry: Entrypoint, dataframe: Any, monitor: Monitor) -> RunResult:
+        """The attempts inside the run's MLflow run, when tracking is on."""
+        from sparktrain.tracking import driver
+
+        options = self.options
+        run = driver.begin(
+            self.plan,
+            options,
+            self.backend.name,
+            enabled=options.mlflow,
+            strict=options.mlflow_strict,
+        )
+        extra = run.rank_env() if run else None
+        try:
+            result = _with_restarts(
+                options.max_restarts,
+                lambda number: self._attempt(entry, number, extra, dataframe, monitor),
+            )
+        except BaseException as error:
+            if run is not None:
+                run.failed(error)
+            raise
+        if run is not None:
+            run.succeeded(result.attempts)
+        return result
+
+    def _attempt(
+        self,
+        entry: Entrypoint,
+        number: int,
+        extra_env: dict[str, str] | None,
+        dataframe: Any,
+        monitor: Monitor,
+    ) -> RunResult:
+        started = time.monotonic()
+        attempt = Attempt(
+            plan=self.plan, options=self.options, entry=entry, number=number, monitor=monitor,
+            extra_env=extra_env, dataframe=dataframe,
+        )  # fmt: skip
+        nodes = self.backend.start(attempt)
+        reports = follow(nodes, stop_grace=self.options.stop_grace, monitor=monitor)
+        return finish(
+            reports,
+            world_size=self.plan.world_size,
+            timeout=self.options.timeout,
+            duration=time.monotonic() - started,
+            hang_timeout=self.options.hang_timeout,
+            stopped=monitor.stop_requested(),
+        )
+
+
+def prepare(
+    num_processes: object,
+    *,
+    use_gpu: object = None,
+    backend: object = "local",
+    ray_address: str | None = None,
+    topology: Topology | None = None,
+    options: RunOptions | None = None,
+    name: str = "num_processes",
+) -> PreparedLaunch:
+    """Choose the backend, lay out the ranks on it, check the options; start nothing.
+
+    Args:
+        num_processes: Number of ranks.
+        use_gpu: ``True``, ``False``, or ``None`` for GPUs where there are some.
+        backend: ``"local"``, ``"spark"``, ``"ray"``, or a :class:`Backend`.
+        ray_address: With ``backend="ray"``: the cluster to join when this process has no Ray
+            initialised.
+        topology: This machine's resources, for the local backend (detected when ``None``).
+        options: The run's policy (defaults when ``None``).
+        name: What the caller's front door calls ``num_processes``, for messages.
+
+    Raises:
+        ConfigError: Bad input; the message names the value and the fix.
+    """
+    chosen = make_backend(backend, topology=topology, ray_address=ray_address)
+    plan = chosen.layout(num_processes, use_gpu=use_gpu, name=name)
+    options = options or RunOptions()
+    options.check_ranks(plan.world_size)
+    return PreparedLaunch(chosen, plan, options)
 
 
 def launch(
@@ -33,20 +182,12 @@ def launch(
     *,
     num_processes: int = 1,
     use_gpu: bool | None = None,
-    timeout: float | None = None,
-    log_ranks: Collection[int] | None = None,
-    return_all: bool = False,
-    max_restarts: int = 0,
-    hang_timeout: float | None = None,
-    exit_grace: float = DEFAULT_EXIT_GRACE,
-    topology: Topology | None = None,
-    backend: Literal["local", "spark", "ray"] = "local",
-    dataframe: Any = None,
+    backend: str | Backend = "local",
     ray_address: str | None = None,
-    mlflow: bool | None = None,
-    mlflow_strict: bool = False,
-    progress: bool | None = None,
-    on_report: OnReport | Monitor | None = None,
+    dataframe: Any = None,
+    topology: Topology | None = None,
+    options: RunOptions | None = None,
+    **option_args: Unpack[RunOptionsArgs],
 ) -> RunResult:
     """Run ``main`` on ``num_processes`` ranks and wait for them.
 
@@ -58,39 +199,22 @@ def launch(
         num_processes: Number of ranks.
         use_gpu: ``True`` for one GPU per rank (NCCL), ``False`` for CPU (gloo), ``None`` for
             GPUs when CUDA is available.
-        timeout: Seconds after which the ranks are stopped and
-            :class:`~sparktrain.TrainingTimeoutError` is raised.
-        log_ranks: Ranks whose output is shown (``None``: all). Lines are prefixed ``[rank N]``.
-        return_all: Bring back every rank's return value, not only rank 0's.
-        max_restarts: After a failure, stop every rank and start the whole group again, up to
-            this many times (timeouts are not restarted).
-        hang_timeout: Seconds without progress (output or ``sparktrain.report()``) from any
-            rank after which the run is declared hung: each rank's stack is taken and
-            :class:`~sparktrain.HangError` says where each one waited.
-        exit_grace: Seconds a rank that has returned (or raised) gets to exit. A rank still
-            running after that (a non-daemon thread or an ``atexit`` handler that never ends)
-            is killed with one warning line, and what it returned stands.
-        topology: The machine's resources; detected when ``None`` (tests pass their own).
         backend: ``"local"`` (this machine), ``"spark"`` (barrier tasks of the active
-            SparkSession, classic or Connect; one rank per task, or one per GPU of a task) or
-            ``"ray"`` (one actor per node of a Ray cluster, in a placement group).
-        dataframe: A Spark DataFrame whose rows are shared among the ranks (see
-            :mod:`sparktrain.data`).
+            SparkSession, classic or Connect; one rank per task, or one per GPU of a task),
+            ``"ray"`` (one actor per node of a Ray cluster, in a placement group), or a
+            :class:`~sparktrain.driver.backend.Backend`.
         ray_address: With ``backend="ray"`` and no Ray initialised yet in this process: the
             cluster to join (``ray.init(address=...)``); ``None`` for ``RAY_ADDRESS`` or a local
             Ray started for this process, kept for later launches. An initialised Ray is used
             as it is.
-        mlflow: Track the run in MLflow (``None``: when the caller has an active MLflow run).
-            One run per launch, created here; ranks log to it with
-            ``sparktrain.log_metrics`` etc. (rank 0 only).
-        mlflow_strict: Raise instead of warning when the tracking server cannot be used.
-        progress: Draw a progress bar on the caller from rank 0's ``sparktrain.report()``
-            calls: ``True``, ``False``, or ``None`` for when the output is a terminal or a
-            notebook.
-        on_report: Called in the caller's thread with ``(rank, record)`` for every report
-            (``record``: ``step``, ``total``, ``metrics``, ``time``). Returning ``True`` stops
-            every rank; the result then has ``stopped=True``. An exception it raises stops
-            the run and is raised by ``launch``.
+        dataframe: A Spark DataFrame whose rows are shared among the ranks (see
+            :mod:`sparktrain.data`).
+        topology: The machine's resources; detected when ``None`` (tests pass their own).
+        options: A :class:`~sparktrain.plan.options.RunOptions` to start from.
+        **option_args: Run options by name (``timeout``, ``hang_timeout``, ``max_restarts``,
+            ``exit_grace``, ``stop_grace``, ``log_ranks``, ``return_all``, ``mlflow``,
+            ``mlflow_strict``, ``progress``, ``on_report``); see
+            :class:`~sparktrain.plan.options.RunOptions` for each.
 
     Returns:
         A :class:`RunResult`; ``.value`` is rank 0's return value.
@@ -99,151 +223,31 @@ def launch(
         ConfigError: Bad input; nothing was started.
         TrainingFailedError: A rank failed (after the allowed restarts); names it, its
             traceback and the stopped ranks.
+        ClusterError: A node, executor, actor or fork server was lost (after the allowed
+            restarts).
     """
-    entry = make_entrypoint(main, args, kwargs)
-    if isinstance(on_report, Monitor):  # sparktrain.tune brings its own, to stop trials
-        monitor = on_report
-    else:
-        monitor = Monitor(progress=progress, on_report=on_report)
-    try:
-        result = _launch(
-            entry,
-            backend=backend,
-            num_processes=num_processes,
-            use_gpu=use_gpu,
-            monitor=monitor,
-            topology=topology,
-            dataframe=dataframe,
-            ray_address=ray_address,
-            options=dict(timeout=timeout, log_ranks=log_ranks, return_all=return_all,
-                         max_restarts=max_restarts, hang_timeout=hang_timeout,
-                         exit_grace=exit_grace),
-            mlflow=mlflow,
-            mlflow_strict=mlflow_strict,
-        )  # fmt: skip
-    finally:
-        monitor.close()
-    if monitor.error is not None:
-        raise monitor.error
-    return result
-
-
-def _launch(
-    entry: Entrypoint,
-    *,
-    backend: str,
-    num_processes: int,
-    use_gpu: bool | None,
-    monitor: Monitor,
-    topology: Topology | None,
-    dataframe: Any,
-    options: dict[str, Any],
-    ray_address: str | None = None,
-    mlflow: bool | None,
-    mlflow_strict: bool,
-) -> RunResult:
-    if backend == "spark":
-        from sparktrain.driver import spark
-
-        session = spark.active_session()
-        plan = make_cluster_plan(
-            num_processes,
-            facts=spark.cluster_facts(session, num_processes),
-            use_gpu=use_gpu,
-            **options,
-        )
-        return _tracked(
-            plan,
-            "spark",
-            lambda n, extra: spark.run_spark(
-                plan,
-                entry,
-                session,
-                dataframe=dataframe,
-                attempt=n,
-                extra_env=extra,
-                monitor=monitor,
-            ),
-            enabled=mlflow,
-            strict=mlflow_strict,
-        )
-    if backend == "ray":
-        from sparktrain.driver import ray
-
-        if dataframe is not None:
-            raise ConfigError("dataframe= is for backend='spark' or 'local', not 'ray'.")
-        plan = ray.plan_run(num_processes, address=ray_address, use_gpu=use_gpu, **options)
-        return _tracked(
-            plan,
-            "ray",
-            lambda n, extra: ray.run_ray(plan, entry, attempt=n, extra_env=extra, monitor=monitor),
-            enabled=mlflow,
-            strict=mlflow_strict,
-        )
-    if backend != "local":
-        raise ConfigError(f"backend={backend!r} is not one of: local, spark, ray")
-    if topology is None:
-        topology = detect_local(gpus=use_gpu is not False)
-    plan = make_plan(
+    entry = make_entrypoint(main, args, kwargs)  # checked first: it names what will not pickle
+    prepared = prepare(
         num_processes,
-        topology=topology,
         use_gpu=use_gpu,
-        **options,
+        backend=backend,
+        ray_address=ray_address,
+        topology=topology,
+        options=run_options(options, **option_args),
     )
-    return _tracked(
-        plan,
-        "local",
-        _local_attempt(plan, entry, dataframe, monitor),
-        enabled=mlflow,
-        strict=mlflow_strict,
-    )
+    return prepared.run_entry(entry, dataframe)
 
 
-def _local_attempt(
-    plan: LaunchPlan, entry: Entrypoint, dataframe: Any, monitor: Monitor
-) -> Attempt:
-    if dataframe is None:
-        return lambda n, extra: run_local(plan, entry, attempt=n, extra_env=extra, monitor=monitor)
-    from sparktrain.driver.local_data import local_shares
-
-    def attempt(n: int, extra: dict[str, str] | None) -> RunResult:
-        with local_shares(dataframe, plan.world_size) as paths:
-            return run_local(
-                plan, entry, data_paths=paths, attempt=n, extra_env=extra, monitor=monitor
-            )
-
-    return attempt
-
-
-def _tracked(
-    plan: LaunchPlan, backend: str, attempt: Attempt, *, enabled: bool | None, strict: bool
-) -> RunResult:
-    """The launch inside its MLflow run, when tracking is on."""
-    from sparktrain.tracking import driver
-
-    run = driver.begin(plan, backend, enabled=enabled, strict=strict)
-    extra = run.rank_env() if run else None
-    try:
-        result = _with_restarts(plan, lambda n: attempt(n, extra))
-    except BaseException as error:
-        if run is not None:
-            run.failed(error)
-        raise
-    if run is not None:
-        run.succeeded(result.attempts)
-    return result
-
-
-def _with_restarts(plan: LaunchPlan, attempt: Callable[[int], RunResult]) -> RunResult:
-    """Run attempts until one succeeds or ``plan.max_restarts`` restarts are used up."""
+def _with_restarts(max_restarts: int, attempt: Callable[[int], RunResult]) -> RunResult:
+    """Run attempts until one succeeds or ``max_restarts`` restarts are used up."""
     number = 0
     while True:
         try:
             return dataclasses.replace(attempt(number), attempts=number + 1)
         except TrainingTimeoutError:
             raise
-        except (TrainingFailedError, SparkJobError) as error:
-            if number >= plan.max_restarts:
+        except (TrainingFailedError, ClusterError) as error:
+            if number >= max_restarts:
                 if isinstance(error, TrainingFailedError):
                     error.attempts = number + 1
                 raise
@@ -251,7 +255,7 @@ def _with_restarts(plan: LaunchPlan, attempt: Callable[[int], RunResult]) -> Run
             first = str(error).splitlines()[0]
             print(
                 f"sparktrain: {first}; restarting every rank "
-                f"(attempt {number + 1} of {plan.max_restarts + 1})",
+                f"(attempt {number + 1} of {max_restarts + 1})",
                 file=sys.stderr,
                 flush=True,
             )

@@ -1,94 +1,102 @@
-"""The local backend: every rank on this machine, forked from the caller's warm fork server.
+"""The local backend: one node, run in the caller's process, with every rank on this machine.
 
-Rank 0 hosts the rendezvous store on a loopback socket that this backend binds to a free port
-before any rank starts and hands over as a file descriptor, so concurrent runs never pick the
+The node is the same :class:`~sparktrain.node.runner.NodeRun` that Spark tasks and Ray actors
+run; here the driver's follow loop steps it (so Ctrl-C, the caller's ``on_report`` stop and
+restarts behave as on a cluster), its lines go straight to the caller's output, and the caller's
+monitor also wakes its agent at once when a stop is asked. Rank 0 hosts the rendezvous store on
+a loopback socket bound to a free port before any rank starts, so concurrent runs never pick the
 same port and no rank ever joins another run's store.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
-import time
-import uuid
-from pathlib import Path
+from typing import ClassVar
 
-from sparktrain.driver.monitor import Monitor
-from sparktrain.driver.results import RunResult, finish_plan
+from sparktrain.driver.backend import Attempt, Backend, Nodes, Polled
 from sparktrain.node.logs import LogSink
-from sparktrain.node.ranks import NodeLayout, rank_requests, run_node_agent
-from sparktrain.plan.entrypoint import Entrypoint, FunctionEntry, ScriptEntry
-from sparktrain.plan.layout import LaunchPlan
-from sparktrain.rank import rundirs
-from sparktrain.rank.paths import payload_path
+from sparktrain.node.runner import NodeRun, bind_rendezvous, prepare_run_dir
+from sparktrain.node.spec import Place
+from sparktrain.plan.layout import LaunchPlan, make_plan
+from sparktrain.plan.topology import Topology, detect_local
 
 LOOPBACK = "127.0.0.1"
 
 
-def _bind_free_port(host: str) -> socket.socket:
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind((host, 0))
-    listener.set_inheritable(True)
-    return listener
+class LocalBackend(Backend):
+    """Every rank on this machine, forked from the caller's warm fork server."""
+
+    name: ClassVar[str] = "local"
+
+    def __init__(self, *, topology: Topology | None = None) -> None:
+        """Use ``topology`` (tests pass their own), or detect this machine's when planning."""
+        self.topology = topology
+
+    def layout(self, num_processes: object, *, use_gpu: object, name: str) -> LaunchPlan:
+        """One node holding every rank: one GPU each, or a share of the CPUs each."""
+        topology = self.topology or detect_local(gpus=use_gpu is not False)
+        return make_plan(num_processes, topology=topology, use_gpu=use_gpu, name=name)
+
+    def start(self, attempt: Attempt) -> Nodes:
+        """Prepare the node (and the DataFrame's shares) and ask for its ranks."""
+        return LocalNodes(attempt)
 
 
-def run_local(
-    plan: LaunchPlan,
-    entry: Entrypoint,
-    *,
-    sink: LogSink | None = None,
-    data_paths: list[str] | None = None,
-    attempt: int = 0,
-    extra_env: dict[str, str] | None = None,
-    monitor: Monitor | None = None,
-) -> RunResult:
-    """Run ``entry`` on ``plan.world_size`` ranks on this machine; see :func:`sparktrain.launch`."""
-    started = time.monotonic()
-    run_dir = rundirs.make("run")  # mode 0700: private to this user
-    listener = _bind_free_port(LOOPBACK)
-    try:
-        if isinstance(entry, FunctionEntry):
-            payload_path(run_dir).write_bytes(entry.payload)
-        layout = NodeLayout(
-            world_size=plan.world_size,
-            nodes=1,
-            node_rank=0,
-            procs_per_node=plan.procs_per_node,
-            master=(LOOPBACK, listener.getsockname()[1]),
-            run_id=uuid.uuid4().hex[:12],
-            restart=attempt,
-            max_restarts=plan.max_restarts,
+class LocalNodes(Nodes):
+    """The one node of a local attempt."""
+
+    def __init__(self, attempt: Attempt) -> None:
+        """Start the node's ranks; everything prepared so far is released if that fails."""
+        self._cleanup = contextlib.ExitStack()
+        try:
+            spec = attempt.spec()
+            run_dir = prepare_run_dir(spec, "run")
+            self._cleanup.callback(shutil.rmtree, run_dir, ignore_errors=True)
+            shares = self._shares(attempt)
+            listener = bind_rendezvous(LOOPBACK)
+            self._cleanup.callback(listener.close)
+            plan = attempt.plan
+            gpus = plan.gpus if plan.device == "cuda" else ()
+            place = Place(0, socket.gethostname(), listener.getsockname()[:2], gpus)
+            self.node = NodeRun(
+                spec, place, run_dir=run_dir, listener=listener,
+                sink=LogSink(spec.options.log_ranks, monitor=attempt.monitor),
+                control=attempt.monitor, data_paths=shares,
+            )  # fmt: skip
+            self._cleanup.callback(self.node.close)
+            self.node.start()
+        except BaseException:
+            self._cleanup.close()
+            raise
+
+    def _shares(self, attempt: Attempt) -> dict[int, str] | None:
+        if attempt.dataframe is None:
+            return None
+        from sparktrain.driver.local_data import local_shares
+
+        paths = self._cleanup.enter_context(
+            local_shares(attempt.dataframe, attempt.plan.world_size)
         )
-        kept = range(plan.world_size) if plan.return_all else (0,)
-        requests = rank_requests(
-            layout,
-            run_dir=run_dir,
-            script=entry if isinstance(entry, ScriptEntry) else None,
-            gpus=plan.gpus if plan.device == "cuda" else None,
-            threads=plan.threads_per_rank,
-            keep=kept if isinstance(entry, FunctionEntry) else (),
-            hang_timeout=plan.hang_timeout,
-            data_paths=dict(enumerate(data_paths)) if data_paths else None,
-            extra_env=extra_env,
-        )
-        sink = sink or LogSink(plan.log_ranks, monitor=monitor)
-        report = run_node_agent(
-            requests,
-            sink,
-            run_dir=run_dir,
-            node_rank=0,
-            host=socket.gethostname(),
-            gpus=plan.gpus,
-            listen=listener,
-            timeout=plan.timeout,
-            grace=plan.stop_grace,
-            hang_timeout=plan.hang_timeout,
-            control=monitor,
-            exit_grace=plan.exit_grace,
-        )
-        stopped = monitor is not None and monitor.stop_requested()
-        return finish_plan([report], plan, started=started, stopped=stopped)
-    finally:
-        listener.close()
-        shutil.rmtree(Path(run_dir), ignore_errors=True)
+        return dict(enumerate(paths))
+
+    def poll(self, wait: float) -> Polled:
+        """Run the node's agent for up to ``wait`` seconds; the report once it has ended.
+
+        A failed rank is not flagged: the agent has already stopped the node's other ranks.
+        """
+        if self.node.step(wait):
+            return Polled(reports=[self.node.report()])
+        return Polled()
+
+    def cancel(self, *, force: bool) -> None:
+        """Stop the ranks (SIGTERM, then SIGKILL after the grace period), or SIGKILL them now."""
+        if force:
+            self.node.kill()
+        else:
+            self.node.stop()
+
+    def close(self) -> None:
+        """Release the agent, the fork server, the socket, the run directory and the shares."""
+        self._cleanup.close()

@@ -15,36 +15,29 @@ on the driver's word, and a :class:`NodeReport` that becomes the caller's result
 Actor 0 binds the rendezvous port on its node before any rank starts.
 
 Cleanup: whatever happens (a failure, a timeout, Ctrl-C), every actor is killed and the
-placement group removed before ``run_ray`` returns; a killed actor's fork server sees its socket
-close and kills the ranks it started.
+placement group removed when the attempt's nodes close; a killed actor's fork server sees its
+socket close and kills the ranks it started.
 """
 
 from __future__ import annotations
 
 import contextlib
-import secrets
-import time
+import os
 import uuid
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from sparktrain.driver.monitor import Monitor
-from sparktrain.driver.remote import Printer, next_message, task_spec
-from sparktrain.driver.results import RunResult, finish_plan
+from sparktrain.driver.backend import Attempt, Backend, Nodes, Polled
+from sparktrain.driver.remote import RemoteNodes
 from sparktrain.errors import ConfigError
-from sparktrain.node.channel import ChannelServer
 from sparktrain.node.ray_actor import NodeActor
 from sparktrain.node.report import NodeReport
-from sparktrain.node.runner import TaskSpec
-from sparktrain.plan.entrypoint import Entrypoint
-from sparktrain.plan.layout import DEFAULT_EXIT_GRACE, ClusterFacts, LaunchPlan, make_cluster_plan
+from sparktrain.node.spec import Place
+from sparktrain.plan.layout import ClusterFacts, LaunchPlan, make_cluster_plan
 
 #: How long the placement group may wait for its resources before the launch gives up.
 PLACEMENT_SECONDS = 60.0
-#: After the first failure or Ctrl-C, how long the nodes get to stop their ranks before their
-#: actors are killed.
-CANCEL_AFTER = 15.0
 INSTALL_HINT = "backend='ray' needs Ray: pip install 'sparktrain[ray]'"
 
 
@@ -92,12 +85,7 @@ def make_ray_plan(
     nodes: Sequence[RayNode],
     *,
     use_gpu: object = None,
-    timeout: object = None,
-    log_ranks: Collection[int] | None = None,
-    return_all: bool = False,
-    max_restarts: object = 0,
-    hang_timeout: object = None,
-    exit_grace: object = DEFAULT_EXIT_GRACE,
+    name: str = "num_processes",
 ) -> LaunchPlan:
     """Lay out a run on ``nodes``: the fewest nodes that hold the ranks, as many on each.
 
@@ -112,17 +100,8 @@ def make_ray_plan(
             "add GPU nodes, or pass use_gpu=False to train on CPU with gloo."
         )
     units = sorted((n.gpus if gpu else n.cpus for n in nodes), reverse=True)
-    base = make_cluster_plan(
-        num_processes,
-        facts=ClusterFacts(task_gpus=1 if gpu else 0, task_cpus=1, slots=None),
-        use_gpu=use_gpu,
-        timeout=timeout,
-        log_ranks=log_ranks,
-        return_all=return_all,
-        max_restarts=max_restarts,
-        hang_timeout=hang_timeout,
-        exit_grace=exit_grace,
-    )
+    facts = ClusterFacts(task_gpus=1 if gpu else 0, task_cpus=1, slots=None)
+    base = make_cluster_plan(num_processes, facts=facts, use_gpu=use_gpu, name=name)
     world = base.world_size
     for count in range(1, len(units) + 1):
         per = world // count
@@ -132,9 +111,9 @@ def make_ray_plan(
             return replace(base, nodes=count, procs_per_node=per, threads_per_rank=threads)
     kind = "GPU" if gpu else "CPU"
     raise ConfigError(
-        f"num_processes={world} does not fit the Ray cluster: its nodes have {units} {kind}(s) "
+        f"{name}={world} does not fit the Ray cluster: its nodes have {units} {kind}(s) "
         f"and each rank needs one {kind}, the same number of ranks on each node. Lower "
-        "num_processes, add nodes" + (", or pass use_gpu=False." if gpu else ".")
+        f"{name}, add nodes" + (", or pass use_gpu=False." if gpu else ".")
     )
 
 
@@ -147,29 +126,49 @@ def placement(plan: LaunchPlan) -> tuple[list[dict[str, float]], Literal["PACK",
     return [dict(bundle) for _ in range(plan.nodes)], "PACK" if plan.nodes == 1 else "STRICT_SPREAD"
 
 
-def plan_run(num_processes: object, *, address: str | None, **options: Any) -> LaunchPlan:
-    """Connect to Ray (see :func:`connect`) and lay out the run on its nodes."""
-    ray = connect(address)
-    return make_ray_plan(num_processes, cluster_nodes(ray), **options)
+class RayBackend(Backend):
+    """One actor per node of a Ray cluster, placed by a placement group."""
+
+    name: ClassVar[str] = "ray"
+    takes_dataframe: ClassVar[bool] = False
+
+    def __init__(self, *, address: str | None = None) -> None:
+        """Join the Ray this process uses, else ``ray.init(address=address)``."""
+        self.ray = connect(address)
+
+    def layout(self, num_processes: object, *, use_gpu: object, name: str) -> LaunchPlan:
+        """The fewest nodes that hold the ranks, as many on each, from the nodes alive now."""
+        return make_ray_plan(num_processes, cluster_nodes(self.ray), use_gpu=use_gpu, name=name)
+
+    def start(self, attempt: Attempt) -> Nodes:
+        """Place the actors, then start every node's ranks."""
+        return RayNodes(self.ray, attempt)
 
 
-class _Nodes:
+class RayNodes(RemoteNodes):
     """The actors of one attempt, their placement group and the reports they returned."""
 
-    def __init__(self, ray: Any, plan: LaunchPlan) -> None:
+    def __init__(self, ray: Any, attempt: Attempt) -> None:
+        """Open the channel, place one actor per node and start each node's ranks."""
         from ray.util.placement_group import placement_group
 
+        super().__init__(attempt, ray.util.get_node_ip_address())
         self.ray = ray
-        self.plan = plan
-        bundles, strategy = placement(plan)
-        self.group = placement_group(bundles, strategy=strategy, name=f"sparktrain-{uuid.uuid4()}")
+        self.plan = attempt.plan
         self.actors: list[Any] = []
         self.pending: dict[Any, int] = {}
         self.reports: dict[int, NodeReport] = {}
-        self.pids: list[int] = []
         self.killed: set[int] = set()
+        self.hosts: list[str] = []
+        bundles, strategy = placement(self.plan)
+        self.group = placement_group(bundles, strategy=strategy, name=f"sparktrain-{uuid.uuid4()}")
+        try:
+            self._run(self._place())
+        except BaseException:
+            self.close()
+            raise
 
-    def start(self) -> list[tuple[str, int | None, tuple[str, ...], int]]:
+    def _place(self) -> list[tuple[str, int | None, tuple[str, ...], int]]:
         """Wait for the placement, create one actor per bundle; each says where it runs."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -193,62 +192,53 @@ class _Nodes:
                 ).remote()
             )
         places = self.ray.get([a.where.remote(i == 0) for i, a in enumerate(self.actors)])
-        self.pids = [place[3] for place in places]
         return list(places)
 
-    def run(self, spec: TaskSpec, places: Sequence[tuple[str, int | None, Any, int]]) -> None:
+    def _run(self, places: Sequence[tuple[str, int | None, Any, int]]) -> None:
         """Start every node's ranks."""
-        import os
-
         master = (places[0][0], places[0][1] or 0)
+        self.hosts = [place[0] for place in places]
         for node, (actor, (host, _, gpus, _)) in enumerate(zip(self.actors, places, strict=True)):
-            ref = actor.run.remote(
-                spec,
-                node=node,
-                host=host,
-                master=master,
-                gpus=gpus,
-                caller_threads=os.environ.get("OMP_NUM_THREADS"),
-            )
+            place = Place(node, host, master, tuple(gpus))
+            ref = actor.run.remote(self.spec, place, os.environ.get("OMP_NUM_THREADS"))
             self.pending[ref] = node
 
-    def poll(self, wait: float) -> list[NodeReport]:
-        """Collect the reports of nodes that finished within ``wait`` seconds."""
-        if not self.pending:
-            return []
-        done, _ = self.ray.wait(list(self.pending), num_returns=len(self.pending), timeout=wait)
-        new = []
-        for ref in done:
-            node = self.pending.pop(ref)
-            try:
-                report = self.ray.get(ref)
-            except Exception as exc:  # the actor died: node lost, or killed by its host
-                report = self._lost(node, f"its Ray actor died: {type(exc).__name__}: {exc}")
-            self.reports[node] = report
-            new.append(report)
-        return new
+    def poll(self, wait: float) -> Polled:
+        """Show what the nodes sent; collect the reports of nodes that finished."""
+        failed = self.pump(wait)
+        if self.pending:
+            done, _ = self.ray.wait(list(self.pending), num_returns=len(self.pending), timeout=0)
+            for ref in done:
+                node = self.pending.pop(ref)
+                try:
+                    report = self.ray.get(ref)
+                except Exception as exc:  # the actor died: node lost, or killed by its host
+                    why = f"its Ray actor died: {type(exc).__name__}: {exc}"
+                    report = NodeReport.broken(node, self.hosts[node], why)
+                self.reports[node] = report
+                failed = failed or report.agent_error is not None
+        if self.pending:
+            return Polled(failed=failed)
+        alive = [n for n, r in self.reports.items() if r.agent_error is None]
+        self.drain(sum(1 for n in alive if n not in self.killed))
+        return Polled(failed=failed, reports=[self.reports[n] for n in sorted(self.reports)])
 
-    def _lost(self, node: int, why: str, *, stopped: bool = False) -> NodeReport:
+    def cancel(self, *, force: bool) -> None:
+        """Tell every node to stop its ranks; or kill the actors still running."""
+        if not force:
+            self.stop_nodes()
+            return
         per = self.plan.procs_per_node
-        ranks = tuple(range(node * per, (node + 1) * per))
-        host = "?"
-        return NodeReport(
-            node_rank=node, host=host, ranks=ranks, failures={}, values={},
-            stopped=ranks if stopped else (),
-            agent_error=None if stopped else f"node {node}: {why}"[:2000],
-        )  # fmt: skip
-
-    def kill_pending(self) -> None:
-        """Kill the actors still running; their ranks count as stopped."""
         for ref, node in list(self.pending.items()):
             with contextlib.suppress(Exception):
                 self.ray.kill(self.actors[node], no_restart=True)
-            self.reports[node] = self._lost(node, "killed", stopped=True)
+            ranks = range(node * per, (node + 1) * per)
+            self.reports[node] = NodeReport.killed(node, self.hosts[node], ranks)
             self.killed.add(node)
             del self.pending[ref]
 
     def close(self) -> None:
-        """Kill every actor and remove the placement group."""
+        """Kill every actor, remove the placement group, close the channel."""
         from ray.util.placement_group import remove_placement_group
 
         for actor in self.actors:
@@ -256,63 +246,4 @@ class _Nodes:
                 self.ray.kill(actor, no_restart=True)
         with contextlib.suppress(Exception):
             remove_placement_group(self.group)
-
-
-def run_ray(
-    plan: LaunchPlan,
-    entry: Entrypoint,
-    *,
-    attempt: int = 0,
-    extra_env: dict[str, str] | None = None,
-    monitor: Monitor | None = None,
-) -> RunResult:
-    """Run ``entry`` on ``plan.nodes`` actors of the connected Ray cluster."""
-    ray = import_ray()
-    monitor = monitor or Monitor(progress=False)
-    started = time.monotonic()
-    channel = ChannelServer(ray.util.get_node_ip_address(), secrets.token_bytes(32))
-    nodes = _Nodes(ray, plan)
-    try:
-        spec = task_spec(plan, entry, channel, attempt=attempt, extra_env=extra_env)
-        nodes.run(spec, nodes.start())
-        reports = _follow(nodes, channel, plan, monitor)
-    finally:
-        nodes.close()
-        channel.close()
-    return finish_plan(reports, plan, started=started, stopped=monitor.stop_requested())
-
-
-def _follow(
-    nodes: _Nodes, channel: ChannelServer, plan: LaunchPlan, monitor: Monitor
-) -> list[NodeReport]:
-    printer = Printer(plan.log_ranks, monitor)
-    cancel_at: float | None = None
-
-    def stop() -> None:
-        nonlocal cancel_at
-        if cancel_at is None:
-            channel.broadcast({"op": "stop"})
-            cancel_at = time.monotonic() + CANCEL_AFTER + plan.stop_grace
-
-    try:
-        while nodes.pending:
-            message = next_message(channel, 0.1)
-            while message is not None:
-                if printer.handle(message):
-                    stop()  # the first failure stops every node
-                message = next_message(channel, 0)
-            if any(r.agent_error for r in nodes.poll(0)) or monitor.stop_requested():
-                stop()
-            if cancel_at is not None and time.monotonic() > cancel_at:
-                nodes.kill_pending()  # a node did not stop its ranks in time
-    except KeyboardInterrupt:
-        stop()
-        deadline = time.monotonic() + plan.stop_grace + 5.0
-        while nodes.pending and time.monotonic() < deadline:
-            nodes.poll(0.2)
-        raise
-    printer.drain(
-        channel,
-        sum(1 for n, r in nodes.reports.items() if r.agent_error is None and n not in nodes.killed),
-    )
-    return [nodes.reports[n] for n in sorted(nodes.reports)]
+        super().close()

@@ -1,62 +1,28 @@
-"""The driver's side of a remote run, whatever the cluster: the node spec and the nodes' messages.
+"""The driver's side of nodes away from the caller (Spark tasks, Ray actors): their messages.
 
-A remote backend (``spark.py``, ``ray.py``) opens a :class:`ChannelServer`, sends every node the
-:class:`TaskSpec` that :func:`task_spec` builds, and, while its nodes run, hands every message
-they send to a :class:`Printer`: rank-tagged lines are printed (``[rank 1 host] ...``), reports
-go to the launch's monitor, and a rank's non-zero exit is flagged so that the backend stops every
-node. How nodes are started, cancelled and collected is the backend's business.
+Every remote attempt opens a :class:`~sparktrain.node.channel.ChannelServer` with a fresh secret
+and gives its address to the nodes in their :class:`~sparktrain.node.spec.NodeSpec`. While the
+nodes run, :class:`RemoteNodes` hands every message they send to a :class:`Printer`: rank-tagged
+lines are printed (``[rank 1 host] ...``), reports go to the run's monitor, and a rank's non-zero
+exit is flagged so that the follow loop stops every node. How nodes are started, killed and
+collected is the backend's business (``spark.py``, ``ray.py``).
 """
 
 from __future__ import annotations
 
 import queue
+import secrets
 import time
-import uuid
 from typing import Any
 
+from sparktrain.driver.backend import Attempt, Nodes
 from sparktrain.driver.monitor import Monitor
 from sparktrain.node.channel import ChannelServer
 from sparktrain.node.logs import LogSink
-from sparktrain.node.runner import TaskSpec
-from sparktrain.plan.entrypoint import Entrypoint, FunctionEntry, ScriptEntry
-from sparktrain.plan.layout import LaunchPlan
+from sparktrain.node.spec import NodeSpec
 
 #: After every node returned, how long to wait for log lines still in flight.
 DRAIN_SECONDS = 5.0
-
-
-def task_spec(
-    plan: LaunchPlan,
-    entry: Entrypoint,
-    channel: ChannelServer,
-    *,
-    attempt: int,
-    extra_env: dict[str, str] | None,
-    with_data: bool = False,
-) -> TaskSpec:
-    """What every node of this attempt needs."""
-    keep = frozenset(range(plan.world_size)) if plan.return_all else frozenset({0})
-    return TaskSpec(
-        channel=channel.address,
-        secret=channel.secret,
-        run_id=uuid.uuid4().hex[:12],
-        world_size=plan.world_size,
-        procs_per_node=plan.procs_per_node,
-        use_gpu=plan.device == "cuda",
-        payload=entry.payload if isinstance(entry, FunctionEntry) else None,
-        script=entry if isinstance(entry, ScriptEntry) else None,
-        threads=plan.threads_per_rank,
-        timeout=plan.timeout,
-        grace=plan.stop_grace,
-        log_ranks=plan.log_ranks,
-        keep=keep if isinstance(entry, FunctionEntry) else frozenset(),
-        with_data=with_data,
-        hang_timeout=plan.hang_timeout,
-        restart=attempt,
-        max_restarts=plan.max_restarts,
-        extra_env=extra_env,
-        exit_grace=plan.exit_grace,
-    )
 
 
 class Printer:
@@ -67,6 +33,7 @@ class Printer:
         self.sink = LogSink(log_ranks, prefix="[rank {rank} {host}] ", monitor=monitor)
         self.hosts: dict[int, str] = {}
         self.byes = 0
+        self.first_failure: dict[str, Any] | None = None
 
     def handle(self, message: dict[str, Any]) -> bool:
         """Act on one message; ``True`` when it reports a rank that failed."""
@@ -81,20 +48,44 @@ class Printer:
             self.hosts.update({rank: message["host"] for rank in message["ranks"]})
         elif kind == "bye":
             self.byes += 1
-        return bool(kind == "exit" and message["code"] != 0)
+        failed = bool(kind == "exit" and message["code"] != 0)
+        if failed and self.first_failure is None:
+            self.first_failure = message
+        return failed
 
-    def drain(self, channel: ChannelServer, nodes: int) -> None:
+
+class RemoteNodes(Nodes):
+    """Nodes that talk back over the attempt's authenticated channel."""
+
+    def __init__(self, attempt: Attempt, host: str) -> None:
+        """Open the channel on ``host`` (the address at which the nodes reach this process)."""
+        self.channel = ChannelServer(host, secrets.token_bytes(32))
+        self.printer = Printer(attempt.options.log_ranks, attempt.monitor)
+        self.spec: NodeSpec = attempt.spec(channel=self.channel.address, secret=self.channel.secret)
+
+    def pump(self, wait: float) -> bool:
+        """Handle the nodes' messages for up to ``wait`` seconds; whether a rank failed."""
+        failed = False
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                message = self.channel.messages.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return failed
+            failed = self.printer.handle(message) or failed
+            if failed:
+                return True
+
+    def stop_nodes(self) -> None:
+        """Tell every node (those still to connect too) to stop its ranks."""
+        self.channel.broadcast({"op": "stop"})
+
+    def drain(self, nodes: int) -> None:
         """Handle messages still in flight until ``nodes`` nodes said bye (or a short while)."""
         deadline = time.monotonic() + DRAIN_SECONDS
-        while self.byes < nodes and time.monotonic() < deadline:
-            message = next_message(channel, 0.05)
-            if message is not None:
-                self.handle(message)
+        while self.printer.byes < nodes and time.monotonic() < deadline:
+            self.pump(0.05)
 
-
-def next_message(channel: ChannelServer, wait: float) -> dict[str, Any] | None:
-    """The next message from any node, or ``None`` after ``wait`` seconds."""
-    try:
-        return channel.messages.get(timeout=wait)
-    except queue.Empty:
-        return None
+    def close(self) -> None:
+        """Close the channel."""
+        self.channel.close()

@@ -8,25 +8,19 @@ cause, so such errors rank after any other failure whatever their time.
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-import cloudpickle
+from typing import Any
 
 from sparktrain.errors import (
+    ClusterError,
     ConfigError,
     HangError,
     RankFailure,
-    SparkJobError,
     TrainingFailedError,
     TrainingTimeoutError,
 )
 from sparktrain.node.report import NodeReport
-
-if TYPE_CHECKING:
-    from sparktrain.plan.layout import LaunchPlan
 
 _SECONDARY = re.compile(
     r"connection closed by peer|connection reset by peer|broken pipe|"
@@ -83,17 +77,31 @@ def finish(
 ) -> RunResult:
     """Merge every node's report into the caller's result, or raise the run's one error.
 
-    ``stopped``: the caller asked for the stop (``on_report``); ranks it ended are not failures.
+    The decision, in order: ranks not started (bad setup on a node, every node agreeing) is a
+    :class:`ConfigError`; a node lost is a :class:`ClusterError`; a stop the caller asked for
+    is a result marked ``stopped``; a rank's own failure is a :class:`TrainingFailedError`
+    naming the culprit and the victims; then a hang, then a timeout; else the values.
+
+    Args:
+        reports: Every node's report.
+        world_size: Ranks in the run.
+        timeout: The run's ``timeout``, for the message of a timeout.
+        duration: Seconds the attempt took.
+        hang_timeout: The run's ``hang_timeout``, for the message of a hang.
+        stopped: The caller asked for the stop (``on_report``); ranks it ended are not
+            failures.
     """
     setup = sorted({e for report in reports for e in report.setup_errors})
     if setup:
         raise ConfigError("the ranks were not started: " + "; ".join(setup))
     agents = [report.agent_error for report in reports if report.agent_error]
     if agents:
-        raise SparkJobError("a node agent failed: " + "; ".join(agents))
+        raise ClusterError(
+            "the run lost a node (the infrastructure failed, not a rank's code): "
+            + "; ".join(agents)
+        )
     if stopped:
-        values = {r: cloudpickle.loads(v) for report in reports for r, v in report.values.items()}
-        return RunResult(values, world_size, duration, tuple(reports), stopped=True)
+        return RunResult(_values(reports), world_size, duration, tuple(reports), stopped=True)
     failures = {r: f for report in reports for r, f in report.failures.items()}
     if any(report.hung or report.running_at_timeout for report in reports):
         # Nodes keep their own clocks: when one stops its ranks for a hang or a timeout, peers
@@ -113,20 +121,11 @@ def finish(
     if running:
         done = tuple(sorted(set(range(world_size)) - set(running)))
         raise TrainingTimeoutError(timeout or 0.0, running, done)
-    values = {r: cloudpickle.loads(v) for report in reports for r, v in report.values.items()}
     nodes = tuple(sorted(reports, key=lambda report: report.node_rank))
-    return RunResult(return_values=values, world_size=world_size, duration=duration, nodes=nodes)
+    return RunResult(_values(reports), world_size=world_size, duration=duration, nodes=nodes)
 
 
-def finish_plan(
-    reports: Sequence[NodeReport], plan: LaunchPlan, *, started: float, stopped: bool
-) -> RunResult:
-    """:func:`finish` for a run of ``plan`` that began at ``started`` (``time.monotonic()``)."""
-    return finish(
-        reports,
-        world_size=plan.world_size,
-        timeout=plan.timeout,
-        duration=time.monotonic() - started,
-        hang_timeout=plan.hang_timeout,
-        stopped=stopped,
-    )
+def _values(reports: Sequence[NodeReport]) -> dict[int, Any]:
+    import cloudpickle
+
+    return {r: cloudpickle.loads(v) for report in reports for r, v in report.values.items()}

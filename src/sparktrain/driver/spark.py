@@ -1,40 +1,34 @@
-"""The Spark backend: one barrier stage whose tasks are node agents.
+"""The Spark backend: one barrier stage whose tasks are the run's nodes.
 
 The driver checks the cluster before submitting (GPU settings, concurrent task slots), opens an
 authenticated channel for live logs and stop requests, and runs
 ``spark.range(tasks).mapInArrow(run_node, barrier=True)`` (or the user's DataFrame, split into
-as many partitions) in a helper thread, tagged so that it can be cancelled. The calling thread
-prints every rank's lines as they arrive (``[rank 1 host] ...``), tells every node to stop at
-the first failure, and turns the nodes' reports into a result or one error, never a Py4J wall of
-text. The same code serves classic and Spark Connect sessions.
+as many partitions) in a helper thread, tagged so that it can be cancelled. The follow loop
+polls it: every rank's lines are printed as they arrive (``[rank 1 host] ...``), every node is
+told to stop at the first failure, and the nodes' reports become a result or one error, never a
+Py4J wall of text. The same code serves classic and Spark Connect sessions.
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
-import secrets
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import cloudpickle
 
-from sparktrain.driver.monitor import Monitor
-from sparktrain.driver.remote import Printer, next_message, task_spec
-from sparktrain.driver.results import RunResult, finish_plan
-from sparktrain.errors import ConfigError, SparkJobError
-from sparktrain.node.channel import ChannelServer
+from sparktrain.driver.backend import Attempt, Backend, Nodes, Polled
+from sparktrain.driver.remote import RemoteNodes
+from sparktrain.errors import ClusterError, ConfigError
 from sparktrain.node.report import NodeReport
-from sparktrain.node.runner import TaskSpec
 from sparktrain.node.spark_task import run_node
-from sparktrain.plan.entrypoint import Entrypoint
-from sparktrain.plan.layout import ClusterFacts, LaunchPlan
+from sparktrain.node.spec import NodeSpec
+from sparktrain.plan.layout import ClusterFacts, LaunchPlan, make_cluster_plan
 
 SCHEMA = "node long, report binary"
-#: After the first failure, how long the nodes get to stop their ranks before the job is cancelled.
-CANCEL_AFTER = 15.0
 
 
 def active_session() -> Any:
@@ -143,7 +137,7 @@ _JOB_ERRORS = (
 )
 
 
-def _summarise(exc: BaseException) -> str:
+def summarise_job_error(exc: BaseException) -> str:
     """The one line of a Spark job failure worth showing (not the Java stack)."""
     text = str(exc)
     python = _PYTHON_ERROR.search(text)
@@ -172,7 +166,7 @@ def _partitioned(dataframe: Any, parts: int) -> tuple[Any, Any]:
 class _Job:
     """The barrier job, run in a helper thread so the caller's thread can print and cancel."""
 
-    def __init__(self, session: Any, frame: Any, spec: TaskSpec, fallback: Any = None) -> None:
+    def __init__(self, session: Any, frame: Any, spec: NodeSpec, fallback: Any = None) -> None:
         self.session = session
         self.frame = frame
         self.fallback = fallback
@@ -203,80 +197,81 @@ class _Job:
             self.session.interruptTag(self.tag)
 
 
-def _bind(fn: Any, spec: TaskSpec) -> Any:
+def _bind(fn: Any, spec: NodeSpec) -> Any:
     def task(batches: Any) -> Any:
         return fn(spec, batches)
 
     return task
 
 
-def run_spark(
-    plan: LaunchPlan,
-    entry: Entrypoint,
-    session: Any,
-    *,
-    dataframe: Any = None,
-    attempt: int = 0,
-    extra_env: dict[str, str] | None = None,
-    monitor: Monitor | None = None,
-) -> RunResult:
-    """Run ``entry`` on ``plan.nodes`` barrier tasks of ``session``'s cluster."""
-    monitor = monitor or Monitor(progress=False)
-    started = time.monotonic()
-    channel = ChannelServer(_channel_host(session), secrets.token_bytes(32))
-    try:
-        spec = task_spec(
-            plan,
-            entry,
-            channel,
-            attempt=attempt,
-            extra_env=extra_env,
-            with_data=dataframe is not None,
-        )
-        if dataframe is None:
-            frame, fallback = session.range(0, plan.nodes, 1, plan.nodes), None
+class SparkBackend(Backend):
+    """One barrier task per node on the active SparkSession's executors."""
+
+    name: ClassVar[str] = "spark"
+
+    def __init__(self, session: Any = None) -> None:
+        """Use ``session``, or the active SparkSession (a :class:`ConfigError` without one)."""
+        self.session = session if session is not None else active_session()
+
+    def layout(self, num_processes: object, *, use_gpu: object, name: str) -> LaunchPlan:
+        """One rank per task on CPU, one per GPU of a task on GPU; checks the free slots."""
+        facts = cluster_facts(self.session, num_processes)
+        return make_cluster_plan(num_processes, facts=facts, use_gpu=use_gpu, name=name)
+
+    def start(self, attempt: Attempt) -> Nodes:
+        """Submit the barrier job in a helper thread."""
+        return SparkNodes(self.session, attempt)
+
+
+class SparkNodes(RemoteNodes):
+    """The barrier job of one attempt."""
+
+    def __init__(self, session: Any, attempt: Attempt) -> None:
+        """Open the channel and submit the job (it runs in a helper thread)."""
+        super().__init__(attempt, _channel_host(session))
+        try:
+            plan = attempt.plan
+            if attempt.dataframe is None:
+                frame, fallback = session.range(0, plan.nodes, 1, plan.nodes), None
+            else:
+                frame, fallback = _partitioned(attempt.dataframe, plan.nodes)
+            self.job = _Job(session, frame, self.spec, fallback)
+            self.job.thread.start()
+        except BaseException:
+            self.channel.close()
+            raise
+
+    def poll(self, wait: float) -> Polled:
+        """Show what the nodes sent; once the job has ended, its nodes' reports (or its error)."""
+        if self.job.thread.is_alive():
+            failed = self.pump(wait)
+            if self.job.thread.is_alive():
+                return Polled(failed=failed)
+        if self.job.error is not None:
+            seen = self.printer.first_failure
+            first = (
+                f" (rank {seen['rank']} had exited with code {seen['code']} first)" if seen else ""
+            )
+            raise ClusterError(
+                f"the Spark barrier job failed: {summarise_job_error(self.job.error)}{first}. "
+                "Its ranks were stopped; the executors' logs have the details."
+            ) from self.job.error
+        assert self.job.rows is not None
+        reports: list[NodeReport] = [cloudpickle.loads(row.report) for row in self.job.rows]
+        self.drain(sum(1 for report in reports if not report.setup_errors))
+        return Polled(reports=reports)
+
+    def cancel(self, *, force: bool) -> None:
+        """Tell every node to stop its ranks; or cancel the Spark job."""
+        if force:
+            self.job.cancel()
         else:
-            frame, fallback = _partitioned(dataframe, plan.nodes)
-        reports = _follow(_Job(session, frame, spec, fallback), channel, plan, monitor)
-    finally:
-        channel.close()
-    return finish_plan(reports, plan, started=started, stopped=monitor.stop_requested())
+            self.stop_nodes()
 
-
-def _follow(
-    job: _Job, channel: ChannelServer, plan: LaunchPlan, monitor: Monitor
-) -> list[NodeReport]:
-    printer = Printer(plan.log_ranks, monitor)
-    cancel_at: float | None = None
-    first_failure: dict[str, Any] | None = None
-    job.thread.start()
-    try:
-        while job.thread.is_alive():
-            message = next_message(channel, 0.2)
-            failed = message is not None and printer.handle(message) and first_failure is None
-            if failed or (monitor.stop_requested() and cancel_at is None):
-                first_failure = message if failed else first_failure
-                channel.broadcast({"op": "stop"})  # the first failure stops every node
-                cancel_at = time.monotonic() + CANCEL_AFTER + plan.stop_grace
-            if cancel_at is not None and time.monotonic() > cancel_at:
-                job.cancel()  # a node did not stop its ranks in time
-                cancel_at = None
-    except KeyboardInterrupt:
-        channel.broadcast({"op": "stop"})
-        job.cancel()
-        job.thread.join(30)
-        raise
-    if job.error is not None:
-        seen = (
-            f" (rank {first_failure['rank']} had exited with code {first_failure['code']} first)"
-            if first_failure
-            else ""
-        )
-        raise SparkJobError(
-            f"the Spark barrier job failed: {_summarise(job.error)}{seen}. Its ranks were "
-            "stopped; the executors' logs have the details."
-        ) from job.error
-    assert job.rows is not None
-    reports: list[NodeReport] = [cloudpickle.loads(row.report) for row in job.rows]
-    printer.drain(channel, sum(1 for report in reports if not report.setup_errors))
-    return reports
+    def close(self) -> None:
+        """Cancel the job if it still runs (Ctrl-C), wait a moment for it, close the channel."""
+        if self.job.thread.is_alive():
+            self.stop_nodes()
+            self.job.cancel()
+            self.job.thread.join(30)
+        super().close()

@@ -130,6 +130,8 @@ class NodeAgent:
         self._finished: dict[int, tuple[int, float]] = {}  # rank -> (recorded code, when)
         self._lingering: set[int] = set()
         self._last_progress = time.monotonic()
+        self._started = self._last_progress
+        self._drain_until: float | None = None
         self.outcome = NodeOutcome()
         self._pids: dict[int, int] = {}
         self._ranks: dict[int, int] = {}
@@ -142,17 +144,46 @@ class NodeAgent:
     def run(self) -> NodeOutcome:
         """Run the ranks to the end. Re-raises ``KeyboardInterrupt`` after stopping them."""
         try:
-            self._start()
-            self._loop()
+            self.start()
+            self.step(None)
         except KeyboardInterrupt:
             if not self._abandoned:
                 self.stop()
                 with contextlib.suppress(KeyboardInterrupt):
-                    self._loop()
+                    self.step(None)
             raise
         finally:
-            self._close()
+            self.close()
         return self.outcome
+
+    def start(self) -> None:
+        """Ask the fork server for every rank (they start while :meth:`step` runs)."""
+        self._started = time.monotonic()
+        self._start()
+
+    def step(self, wait: float | None) -> bool:
+        """Handle the node's events for up to ``wait`` seconds (``None``: until the end).
+
+        Returns whether the node is over: every rank has exited and its pipes are drained.
+        """
+        until = None if wait is None else time.monotonic() + wait
+        while not self._over():
+            now = time.monotonic()
+            deadlines = self._deadlines()
+            if until is not None:
+                deadlines.append(until)
+            timeout = max(0.0, min(deadlines) - now) if deadlines else None
+            for key, _ in self._selector.select(timeout):
+                if key.data is None:
+                    self._on_event()
+                elif key.data == "control":
+                    self._on_control(key.fd)
+                else:
+                    self._on_output(key.fd, *key.data)
+            self._check_clocks(self._started)
+            if until is not None and time.monotonic() >= until:
+                return self._over()
+        return True
 
     def stop(self) -> None:
         """Ask every rank still running to stop (SIGTERM now, SIGKILL after the grace period)."""
@@ -164,6 +195,14 @@ class NodeAgent:
             if rank not in self.outcome.exits and rank not in self._signalled:
                 self._signalled.add(rank)
                 self.server.signal(pid, signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL every rank still running, now (the exits are still seen and reported)."""
+        if self.outcome.stop_time is None:
+            self.outcome.stop_time = time.time()
+        for rank, pid in self._running():
+            self._signalled.add(rank)
+            self.server.signal(pid, signal.SIGKILL)
 
     def _start(self) -> None:
         self._selector.register(self.server.fileno(), selectors.EVENT_READ, None)
@@ -194,30 +233,23 @@ class NodeAgent:
     def _pipes_open(self) -> bool:
         return any(isinstance(key.data, tuple) for key in self._selector.get_map().values())
 
-    def _loop(self) -> None:
-        started = time.monotonic()
-        drain_until: float | None = None
-        while len(self.outcome.exits) < self._expected or self._pipes_open():
-            now = time.monotonic()
-            if len(self.outcome.exits) == self._expected:
-                drain_until = drain_until or now + DRAIN_SECONDS
-                if now >= drain_until:
-                    return
-            deadlines = [d for d in (drain_until, self._kill_at) if d is not None]
-            deadlines += [t + self.exit_grace for _, t in self._unexited_finishers()]
-            if self.timeout is not None and self.outcome.stop_time is None:
-                deadlines.append(started + self.timeout)
-            if self.hang_timeout is not None and self.outcome.stop_time is None:
-                deadlines.append(self._last_progress + self.hang_timeout)
-            wait = max(0.0, min(deadlines) - now) if deadlines else None
-            for key, _ in self._selector.select(wait):
-                if key.data is None:
-                    self._on_event()
-                elif key.data == "control":
-                    self._on_control(key.fd)
-                else:
-                    self._on_output(key.fd, *key.data)
-            self._check_clocks(started)
+    def _over(self) -> bool:
+        if len(self.outcome.exits) < self._expected:
+            return False
+        if not self._pipes_open():
+            return True
+        now = time.monotonic()  # a grandchild may hold a pipe: read it a little longer
+        self._drain_until = self._drain_until or now + DRAIN_SECONDS
+        return now >= self._drain_until
+
+    def _deadlines(self) -> list[float]:
+        deadlines = [d for d in (self._drain_until, self._kill_at) if d is not None]
+        deadlines += [t + self.exit_grace for _, t in self._unexited_finishers()]
+        if self.timeout is not None and self.outcome.stop_time is None:
+            deadlines.append(self._started + self.timeout)
+        if self.hang_timeout is not None and self.outcome.stop_time is None:
+            deadlines.append(self._last_progress + self.hang_timeout)
+        return deadlines
 
     def _check_clocks(self, started: float) -> None:
         now = time.monotonic()
@@ -335,7 +367,8 @@ class NodeAgent:
             if code != 0:
                 self.stop()
 
-    def _close(self) -> None:
+    def close(self) -> None:
+        """Release the pipes; kill, through the server, ranks whose exit was not seen."""
         for key in list(self._selector.get_map().values()):
             if isinstance(key.data, tuple):
                 with contextlib.suppress(OSError):

@@ -36,10 +36,10 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from sparktrain import procfs
+from sparktrain.rank.worker import RankFds
 
 #: Imported before the server says it is ready: every rank needs them.
 PRELOAD = ("torch", "torch.distributed", "sparktrain.rank.worker")
@@ -50,21 +50,6 @@ MAX_MESSAGE = 1 << 20
 MAX_FDS = 5
 _IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _PR_SET_CHILD_SUBREAPER = 36
-
-
-@dataclass(frozen=True)
-class RankFds:
-    """The descriptors a rank is born with, besides its stdout and stderr.
-
-    Attributes:
-        report: Write end of the pipe for ``sparktrain.report()`` lines.
-        status: Write end of the pipe on which the rank says it has finished its function.
-        listen: Rank 0's bound rendezvous socket, or ``None``.
-    """
-
-    report: int
-    status: int
-    listen: int | None
 
 
 class _BecomeRank(Exception):

@@ -8,7 +8,7 @@ error message when it dies without a traceback.
 
 A third stream, ``"report"``, carries ``sparktrain.report()`` records as JSON lines: they are not
 printed but parsed and handed to :meth:`LogSink.reports`, which passes them to the run's
-:class:`~sparktrain.driver.monitor.Monitor` (the progress bar, ``on_report``) or, inside a
+:class:`Monitor` (on the driver: the progress bar, ``on_report``) or, inside a
 Spark task, sends them to the driver. While a progress bar is drawn, lines are written around it.
 """
 
@@ -18,12 +18,22 @@ import collections
 import contextlib
 import json
 import sys
-from typing import TYPE_CHECKING, Any, Literal, TextIO
-
-if TYPE_CHECKING:
-    from sparktrain.driver.monitor import Monitor
+from contextlib import AbstractContextManager
+from typing import Any, Literal, Protocol, TextIO
 
 Stream = Literal["stdout", "stderr", "report"]
+
+
+class Monitor(Protocol):
+    """What a sink hands reports to, and writes around (the driver's monitor is one)."""
+
+    def reports(self, rank: int, records: list[dict[str, Any]]) -> None:
+        """Take ``rank``'s reports, in order."""
+        ...
+
+    def around_bar(self) -> AbstractContextManager[None]:
+        """A block in which lines can be written without tearing a progress bar."""
+        ...
 
 
 class LogSink:

@@ -5,8 +5,8 @@ driver, so this module imports nothing of Ray at import time. One actor runs per
 the run's placement group. The driver first asks every actor where it is (:meth:`where`); actor
 0 also binds the rendezvous port there, on its node's address, and keeps the socket for rank 0.
 Then :meth:`NodeActor.run` runs the node exactly as a Spark task does, with the same node code
-(``node.supervise``: the fork server, the agent, the authenticated channel for logs, reports and
-stop, a :class:`NodeReport`).
+(``remote.run_connected``: the fork server, the agent, the authenticated channel for logs,
+reports and stop, a :class:`NodeReport`).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import os
 import shutil
 import socket
 
+from sparktrain.node.remote import run_connected
 from sparktrain.node.report import NodeReport
-from sparktrain.node.runner import TaskSpec, supervise
-from sparktrain.rank import rundirs
-from sparktrain.rank.paths import payload_path
+from sparktrain.node.runner import bind_rendezvous, prepare_run_dir
+from sparktrain.node.spec import NodeSpec, Place
 
 
 class NodeActor:
@@ -42,30 +42,17 @@ class NodeActor:
         host = ray.util.get_node_ip_address()
         port = None
         if bind:
-            self._listener = socket.create_server((host, 0))
-            self._listener.set_inheritable(True)
+            self._listener = bind_rendezvous(host)
             port = self._listener.getsockname()[1]
         gpus = tuple(str(g) for g in ray.get_gpu_ids())
         return host, port, gpus, os.getpid()
 
-    def run(
-        self,
-        spec: TaskSpec,
-        *,
-        node: int,
-        host: str,
-        master: tuple[str, int],
-        gpus: tuple[str, ...],
-        caller_threads: str | None,
-    ) -> NodeReport:
+    def run(self, spec: NodeSpec, place: Place, caller_threads: str | None) -> NodeReport:
         """Run this node's ranks to the end and report how they ended.
 
         Args:
-            spec: The run, as every node sees it.
-            node: This node's rank.
-            host: This node's address.
-            master: Host and port of the rendezvous store (node 0's bound socket).
-            gpus: The GPUs this node's ranks own.
+            spec: The attempt, as every node sees it.
+            place: Where this node is (index, host, rendezvous address, its GPUs).
             caller_threads: The caller's ``OMP_NUM_THREADS`` (Ray sets its own in workers).
 
         Returns:
@@ -77,25 +64,14 @@ class NodeActor:
         else:
             os.environ["OMP_NUM_THREADS"] = caller_threads
         listener, self._listener = self._listener, None
-        run_dir = rundirs.make("ray")
+        run_dir = ""
         try:
-            if spec.payload is not None:
-                payload_path(run_dir).write_bytes(spec.payload)
-            return supervise(
-                spec,
-                node=node,
-                host=host,
-                master=master,
-                gpus=gpus,
-                run_dir=run_dir,
-                listener=listener,
-            )
+            run_dir = prepare_run_dir(spec, "ray")
+            return run_connected(spec, place, run_dir=run_dir, listener=listener)
         except Exception as exc:
             if listener is not None:
                 listener.close()
-            return NodeReport(
-                node_rank=node, host=host, ranks=(), failures={}, stopped=(), values={},
-                agent_error=f"node {node} on {host}: {type(exc).__name__}: {exc}",
-            )  # fmt: skip
+            return NodeReport.broken(place.node, place.host, f"{type(exc).__name__}: {exc}")
         finally:
-            shutil.rmtree(run_dir, ignore_errors=True)
+            if run_dir:
+                shutil.rmtree(run_dir, ignore_errors=True)

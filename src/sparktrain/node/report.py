@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import pickle
 import signal
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparktrain.errors import RankFailure, StackSite
-from sparktrain.node.agent import NodeOutcome
 from sparktrain.rank.paths import error_path, result_path
+
+if TYPE_CHECKING:  # the agent (and the fork server client) stay out of the driver's imports
+    from sparktrain.node.agent import NodeOutcome
 
 
 def _signal_failure(
@@ -103,6 +105,30 @@ class NodeReport:
     hung: bool = False
     hang_sites: Mapping[int, StackSite] = field(default_factory=dict)
     hang_silent: tuple[int, ...] = ()
+
+    @classmethod
+    def not_started(cls, node: int, host: str, errors: Sequence[str]) -> NodeReport:
+        """A node whose ranks were not started, for ``errors`` that every node agrees on."""
+        return cls(
+            node_rank=node, host=host, ranks=(), failures={}, stopped=(), values={},
+            setup_errors=tuple(errors),
+        )  # fmt: skip
+
+    @classmethod
+    def broken(cls, node: int, host: str, why: str) -> NodeReport:
+        """A node whose agent failed (or was lost) for ``why``: infrastructure, not a rank."""
+        return cls(
+            node_rank=node, host=host, ranks=(), failures={}, stopped=(), values={},
+            agent_error=f"node {node} on {host}: {why}"[:2000],
+        )  # fmt: skip
+
+    @classmethod
+    def killed(cls, node: int, host: str, ranks: Sequence[int]) -> NodeReport:
+        """A node the driver killed while stopping the run: its ranks count as stopped."""
+        return cls(
+            node_rank=node, host=host, ranks=tuple(ranks), failures={}, values={},
+            stopped=tuple(ranks),
+        )  # fmt: skip
 
 
 def node_report(

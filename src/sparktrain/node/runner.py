@@ -1,168 +1,192 @@
-"""One node of a run on a cluster, whatever the cluster: the part every remote backend shares.
+"""One node of a run, wherever it runs: its run directory, its ranks, its agent, its report.
 
-A remote backend (Spark's barrier tasks, Ray's actors) gets a :class:`TaskSpec` to each node,
-lets node 0 bind the rendezvous port on its host, and calls :func:`supervise` on every node with
-that address. :func:`supervise` connects back to the driver over the authenticated channel
-(``channel.py``), forks the node's ranks from a fork server kept warm in the calling process,
-streams their lines and reports to the driver, stops them when the driver says so, and returns
-the node's :class:`NodeReport`. How the nodes are started and how they learn the rendezvous
-address is the backend's business (``spark_task.py``, ``ray_actor.py``).
+Every backend runs its nodes through :class:`NodeRun`: the local backend in the caller's process
+(stepped by the driver's follow loop), a Spark barrier task and a Ray actor in theirs (run to the
+end, connected to the driver by :mod:`sparktrain.node.remote`). So a rank sees the same
+environment, and a node reports the same way, on every backend. What differs is only what the
+node learns where it runs (its index, host, GPUs, the rendezvous address) and where its lines
+go (the caller's terminal, or the driver's channel).
 """
 
 from __future__ import annotations
 
+import os
 import socket
-from dataclasses import dataclass
-from typing import Any
+import sys
+from collections.abc import Callable, Mapping
 
-from sparktrain.node.agent import RankExit
-from sparktrain.node.channel import ChannelClient
-from sparktrain.node.logs import LogSink, Stream
-from sparktrain.node.ranks import NodeLayout, rank_requests, run_node_agent
-from sparktrain.node.report import NodeReport
-from sparktrain.plan.entrypoint import ScriptEntry
-from sparktrain.rank.paths import share_path
+from sparktrain.node import warm
+from sparktrain.node.agent import Control, NodeAgent, RankExit
+from sparktrain.node.logs import LogSink
+from sparktrain.node.report import NodeReport, node_report
+from sparktrain.node.spec import NodeSpec, Place
+from sparktrain.rank import env, rundirs
+from sparktrain.rank.paths import payload_path
+from sparktrain.rank.worker import RankRequest
 
 
-@dataclass(frozen=True, kw_only=True)
-class TaskSpec:
-    """What every node of a run needs; travels to each (a Spark task's closure, a Ray actor call).
+def prepare_run_dir(spec: NodeSpec, kind: str) -> str:
+    """A private run directory for this node (swept if its owner dies), the payload in it."""
+    run_dir = rundirs.make(kind)
+    if spec.payload is not None:
+        payload_path(run_dir).write_bytes(spec.payload)
+    return run_dir
 
-    Attributes:
-        channel: The driver's channel address.
-        secret: The job's secret for the channel.
-        run_id: Identifier of the run.
-        world_size: Number of ranks.
-        procs_per_node: Ranks per node.
-        use_gpu: Whether ranks own GPUs (those the cluster gave the node).
-        payload: The pickled function and arguments, or ``None`` for a script.
-        script: The script, or ``None`` for a function.
-        threads: Intra-op threads per rank.
-        timeout: Seconds before the ranks are stopped.
-        grace: Seconds between SIGTERM and SIGKILL.
-        log_ranks: Ranks whose lines are sent to the driver (``None``: all).
-        keep: Ranks whose return values come back.
-        with_data: Whether the node's ranks read DataFrame shares from its run directory.
-        hang_timeout: Seconds without progress before the node's ranks are declared hung.
-        restart: The attempt number (0 at first).
-        max_restarts: Restarts the run allows.
-        extra_env: Variables of other contracts for every rank (MLflow's run).
-        exit_grace: Seconds a rank that has returned gets to exit before it is killed.
+
+def bind_rendezvous(host: str) -> socket.socket:
+    """Node 0's rendezvous socket on ``host`` at a free port, for rank 0 to host the store on.
+
+    Bound before any rank starts and handed to rank 0, so that no other process can take the
+    port in between and no rank ever joins another run's store.
     """
-
-    channel: tuple[str, int]
-    secret: bytes
-    run_id: str
-    world_size: int
-    procs_per_node: int
-    use_gpu: bool
-    payload: bytes | None
-    script: ScriptEntry | None
-    threads: int
-    timeout: float | None
-    grace: float
-    log_ranks: frozenset[int] | None
-    keep: frozenset[int]
-    with_data: bool
-    hang_timeout: float | None = None
-    restart: int = 0
-    max_restarts: int = 0
-    extra_env: dict[str, str] | None = None
-    exit_grace: float = 10.0
-
-
-class ChannelSink(LogSink):
-    """Sends each rank's lines to the driver instead of printing them."""
-
-    def __init__(self, channel: ChannelClient, shown: frozenset[int] | None) -> None:
-        """Forward the lines of ``shown`` ranks over ``channel``."""
-        super().__init__(shown)
-        self.channel = channel
-
-    def write(self, rank: int, stream: Stream, lines: list[str]) -> None:
-        """Send the lines (prefixing happens on the driver)."""
-        self.channel.send({"kind": "log", "rank": rank, "stream": stream, "lines": lines})
-
-    def reports(self, rank: int, records: list[dict[str, Any]]) -> None:
-        """Send the reports to the driver's monitor."""
-        self.channel.send({"kind": "report", "rank": rank, "records": records})
-
-
-def supervise(
-    spec: TaskSpec,
-    *,
-    node: int,
-    host: str,
-    master: tuple[str, int],
-    gpus: tuple[str, ...],
-    run_dir: str,
-    listener: socket.socket | None,
-) -> NodeReport:
-    """Run one node's ranks to the end, connected to the driver; its report.
-
-    Args:
-        spec: The run, as every node sees it.
-        node: This node's rank.
-        host: This node's address (for the driver's log prefixes and the report).
-        master: Host and port of the rendezvous store.
-        gpus: GPU addresses this node's ranks own (one each), empty on CPU.
-        run_dir: This node's private directory (payload and data shares already written).
-        listener: Node 0's bound rendezvous socket (``None`` on other nodes); closed here.
-    """
-    layout = NodeLayout(
-        world_size=spec.world_size,
-        nodes=spec.world_size // spec.procs_per_node,
-        node_rank=node,
-        procs_per_node=spec.procs_per_node,
-        master=master,
-        run_id=spec.run_id,
-        restart=spec.restart,
-        max_restarts=spec.max_restarts,
-    )
-    first = node * spec.procs_per_node
-    shares = range(first, first + spec.procs_per_node) if spec.with_data else ()
-    requests = rank_requests(
-        layout,
-        run_dir=run_dir,
-        script=spec.script,
-        gpus=gpus if spec.use_gpu else None,
-        threads=spec.threads,
-        keep=spec.keep,
-        hang_timeout=spec.hang_timeout,
-        data_paths={r: str(share_path(run_dir, r)) for r in shares},
-        extra_env=spec.extra_env,
-    )
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
-        channel = ChannelClient(spec.channel, spec.secret)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, 0))
+        listener.listen()
+        listener.set_inheritable(True)
     except BaseException:
-        if listener is not None:
-            listener.close()
+        listener.close()
         raise
-    try:
-        channel.send(
-            {"kind": "hello", "node": node, "host": host, "ranks": [r.rank for r in requests]}
+    return listener
+
+
+def rank_requests(
+    spec: NodeSpec,
+    place: Place,
+    *,
+    run_dir: str,
+    data_paths: Mapping[int, str] | None = None,
+) -> list[RankRequest]:
+    """One request per rank of the node at ``place``.
+
+    Each rank's environment is this process's (the caller's or the task's), plus the contract,
+    plus the variables of other contracts (``spec.extra_env``).
+    """
+    base = {**env.caller_environ(), **(spec.extra_env or {})}
+    requests = []
+    for local, rank in enumerate(spec.ranks_of(place.node)):
+        rank_env = env.RankEnv(
+            rank=rank,
+            local_rank=local,
+            world_size=spec.world_size,
+            local_world_size=spec.procs_per_node,
+            node_rank=place.node,
+            nodes=spec.nodes,
+            master_addr=place.master[0],
+            master_port=place.master[1],
+            run_id=spec.run_id,
+            visible_devices=place.gpus if spec.use_gpu else None,
+            threads=spec.threads,
+            restart=spec.attempt,
+            max_restarts=spec.options.max_restarts,
         )
+        requests.append(
+            RankRequest(
+                rank=rank,
+                env=env.rank_environ(base, rank_env),
+                cwd=os.getcwd(),
+                sys_path=list(sys.path),
+                run_dir=run_dir,
+                script=spec.script,
+                threads=None if env.user_set_threads(base) else spec.threads,
+                keep_value=rank in spec.keep,
+                data_path=(data_paths or {}).get(rank),
+                hang_timeout=spec.options.hang_timeout,
+            )
+        )
+    return requests
 
-        def on_exit(ended: RankExit) -> None:
-            channel.send({"kind": "exit", "rank": ended.rank, "code": ended.exit_code})
 
-        sink = ChannelSink(channel, spec.log_ranks)
-        report = run_node_agent(
-            requests,
+class NodeRun:
+    """The ranks of one node, from their fork server to the node's report."""
+
+    def __init__(
+        self,
+        spec: NodeSpec,
+        place: Place,
+        *,
+        run_dir: str,
+        listener: socket.socket | None,
+        sink: LogSink,
+        control: Control | None = None,
+        on_exit: Callable[[RankExit], None] | None = None,
+        data_paths: Mapping[int, str] | None = None,
+    ) -> None:
+        """Prepare the node's ranks; nothing starts until :meth:`start` (or :meth:`run`).
+
+        Args:
+            spec: The attempt, as every node sees it.
+            place: Where this node is (index, host, rendezvous address, GPUs).
+            run_dir: This node's run directory (the payload already in it).
+            listener: Node 0's bound rendezvous socket (``None`` elsewhere); closed by the
+                agent once rank 0 holds it.
+            sink: Where the ranks' lines and reports go.
+            control: Tells the node to stop (the driver's channel, or the caller's monitor).
+            on_exit: Called with each rank's exit as soon as it is seen.
+            data_paths: Each rank's share of a DataFrame, by rank.
+        """
+        self.spec, self.place, self.run_dir, self.sink = spec, place, run_dir, sink
+        self.requests = rank_requests(spec, place, run_dir=run_dir, data_paths=data_paths)
+        options = spec.options
+        try:
+            self.server = warm.acquire(env.caller_environ())
+        except BaseException:
+            if listener is not None:
+                listener.close()
+            raise
+        self.agent = NodeAgent(
+            self.server,
+            self.requests,
             sink,
-            run_dir=run_dir,
-            node_rank=node,
-            host=host,
-            gpus=gpus,
             listen=listener,
-            timeout=spec.timeout,
-            grace=spec.grace,
-            hang_timeout=spec.hang_timeout,
-            control=channel,
+            timeout=options.timeout,
+            grace=options.stop_grace,
+            control=control,
             on_exit=on_exit,
-            exit_grace=spec.exit_grace,
+            hang_timeout=options.hang_timeout,
+            exit_grace=options.exit_grace,
         )
-        channel.send({"kind": "bye", "node": node})
-        return report
-    finally:
-        channel.close()
+
+    def start(self) -> None:
+        """Ask for the node's ranks."""
+        self.agent.start()
+
+    def step(self, wait: float | None) -> bool:
+        """Run the node for up to ``wait`` seconds; whether every rank has ended."""
+        return self.agent.step(wait)
+
+    def stop(self) -> None:
+        """Stop every rank (SIGTERM, then SIGKILL after the stop grace period)."""
+        self.agent.stop()
+
+    def kill(self) -> None:
+        """SIGKILL every rank still running, now."""
+        self.agent.kill()
+
+    def report(self) -> NodeReport:
+        """How the node's ranks ended (call once :meth:`step` says they have)."""
+        return node_report(
+            self.agent.outcome,
+            self.run_dir,
+            node_rank=self.place.node,
+            host=self.place.host,
+            tails={r.rank: self.sink.tail(r.rank) for r in self.requests},
+            keep=tuple(r.rank for r in self.requests if r.keep_value),
+            gpus=self.place.gpus,
+        )
+
+    def close(self) -> None:
+        """Release the agent's pipes and give the fork server back for the next run."""
+        try:
+            self.agent.close()
+        finally:
+            warm.release(self.server)
+
+    def run(self) -> NodeReport:
+        """Run the node to its end and report (re-raises ``KeyboardInterrupt`` after stopping)."""
+        try:
+            self.agent.run()
+        finally:
+            warm.release(self.server)
+        return self.report()

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from sparktrain.errors import ClusterError
 from sparktrain.node.forkserver import MAX_MESSAGE
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding sparktrain/
@@ -33,8 +34,8 @@ def _stable(environ: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in environ.items() if k not in VOLATILE}
 
 
-class ForkServerError(RuntimeError):
-    """The fork server died or could not start."""
+class ForkServerError(ClusterError):
+    """The fork server died or could not start (infrastructure: restarted under max_restarts)."""
 
 
 class ForkServer:

@@ -1,4 +1,4 @@
-"""Pure planning: user intent + topology -> a validated :class:`LaunchPlan`.
+"""Pure planning: how many ranks, on which nodes and devices -> a validated :class:`LaunchPlan`.
 
 Every check of user input happens here, before any process starts, and each error names the bad
 value and the fix. Nothing here starts a process, opens a socket or reads the environment: the
@@ -7,8 +7,6 @@ topology comes in as a value, so plans are cheap to build and test.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Literal
 
@@ -16,13 +14,15 @@ from sparktrain.errors import ConfigError
 from sparktrain.plan.topology import Topology
 
 Device = Literal["cpu", "cuda"]
-#: Seconds a rank that has returned (or raised) gets to exit before it is killed.
-DEFAULT_EXIT_GRACE = 10.0
 
 
 @dataclass(frozen=True, kw_only=True)
 class LaunchPlan:
-    """How one run is laid out. Frozen; built by :func:`make_plan`.
+    """How one run is laid out over nodes and devices (frozen).
+
+    Built by :func:`make_plan` (this machine), :func:`make_cluster_plan` (Spark tasks) or the Ray
+    backend's planner. The run's policy (timeouts, restarts, logs) is a separate value,
+    :class:`~sparktrain.plan.options.RunOptions`.
 
     Attributes:
         world_size: Total number of ranks.
@@ -30,17 +30,9 @@ class LaunchPlan:
         procs_per_node: Ranks started on each node.
         device: ``"cuda"`` or ``"cpu"``.
         dist_backend: The process-group backend that suits the device (``nccl`` or ``gloo``).
-        gpus: GPU addresses this node's ranks own (empty on CPU).
+        gpus: GPU addresses this node's ranks own (empty on CPU, and on clusters, where each
+            node learns its own).
         threads_per_rank: Intra-op threads per rank, so that ranks do not oversubscribe the CPUs.
-        timeout: Seconds after which the run is stopped, or ``None``.
-        log_ranks: Ranks whose output is shown, or ``None`` for all.
-        return_all: Whether every rank's return value comes back (else rank 0's only).
-        stop_grace: Seconds between SIGTERM and SIGKILL when ranks are stopped.
-        max_restarts: How many times the whole group is started again after a failure.
-        hang_timeout: Seconds without progress from any rank (output or ``report()``) after
-            which the run is declared hung, or ``None``.
-        exit_grace: Seconds a rank that has returned (or raised) gets to exit before it is
-            killed; its outcome stands.
     """
 
     world_size: int
@@ -50,17 +42,6 @@ class LaunchPlan:
     dist_backend: Literal["nccl", "gloo"]
     gpus: tuple[str, ...]
     threads_per_rank: int
-    timeout: float | None = None
-    log_ranks: frozenset[int] | None = None
-    return_all: bool = False
-    stop_grace: float = 3.0
-    max_restarts: int = 0
-    hang_timeout: float | None = None
-    exit_grace: float = DEFAULT_EXIT_GRACE
-
-    def shows(self, rank: int) -> bool:
-        """Whether ``rank``'s output is shown to the caller."""
-        return self.log_ranks is None or rank in self.log_ranks
 
     def describe(self) -> str:
         """One line for logs: ``2 ranks on 1 node, cpu (gloo)``."""
@@ -80,66 +61,7 @@ def _check_count(name: str, value: object) -> int:
     return value
 
 
-def _check_timeout(timeout: object) -> float | None:
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ConfigError(
-            f"timeout={timeout!r} must be a positive number of seconds, or None for no limit."
-        )
-    if math.isinf(timeout):
-        return None
-    return float(timeout)
-
-
-def _check_restarts(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(
-            f"max_restarts={value!r} must be a whole number >= 0 (0: fail at the first failure)."
-        )
-    return value
-
-
-def _check_hang_timeout(value: object) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ConfigError(
-            f"hang_timeout={value!r} must be a positive number of seconds, or None to not watch."
-        )
-    return None if math.isinf(value) else float(value)
-
-
-def _check_exit_grace(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-        raise ConfigError(
-            f"exit_grace={value!r} must be a positive number of seconds: how long a rank that "
-            f"has returned may take to exit before it is killed (default {DEFAULT_EXIT_GRACE:g})."
-        )
-    return float(value)
-
-
-def _check_log_ranks(log_ranks: Collection[int] | None, world_size: int) -> frozenset[int] | None:
-    if log_ranks is None:
-        return None
-    if isinstance(log_ranks, (str, bytes)) or not isinstance(log_ranks, Collection):
-        raise ConfigError(
-            f"log_ranks={log_ranks!r} must be a collection of ranks such as [0] or None for all."
-        )
-    bad: list[object] = [
-        r
-        for r in log_ranks
-        if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < world_size
-    ]
-    if bad:
-        raise ConfigError(
-            f"log_ranks={sorted(log_ranks, key=repr)!r} names {bad!r}, not ranks of this run "
-            f"(0 to {world_size - 1}); pass ranks in that range, or None to show all."
-        )
-    return frozenset(log_ranks)
-
-
-def _resolve_device(use_gpu: object, world_size: int, topology: Topology) -> Device:
+def _resolve_device(use_gpu: object, world_size: int, topology: Topology, name: str) -> Device:
     if use_gpu is not None and not isinstance(use_gpu, bool):
         raise ConfigError(
             f"use_gpu={use_gpu!r} must be True, False, or None (GPUs when CUDA is available)."
@@ -155,8 +77,8 @@ def _resolve_device(use_gpu: object, world_size: int, topology: Topology) -> Dev
         )
     if world_size > gpus:
         raise ConfigError(
-            f"num_processes={world_size} but only {gpus} GPU(s) are visible here "
-            f"({', '.join(topology.gpus)}); one rank needs one GPU. Pass num_processes<={gpus}, "
+            f"{name}={world_size} but only {gpus} GPU(s) are visible here "
+            f"({', '.join(topology.gpus)}); one rank needs one GPU. Pass {name}<={gpus}, "
             "or use_gpu=False to run the ranks on CPU."
         )
     return "cuda"
@@ -170,14 +92,7 @@ def _assemble(
     device: Device,
     gpus: tuple[str, ...],
     threads: int,
-    timeout: object,
-    log_ranks: Collection[int] | None,
-    return_all: bool,
-    max_restarts: object,
-    hang_timeout: object,
-    exit_grace: object = DEFAULT_EXIT_GRACE,
 ) -> LaunchPlan:
-    """The plan, with the checks every layout shares (timeout, log filter, failure policy)."""
     return LaunchPlan(
         world_size=world_size,
         nodes=nodes,
@@ -186,12 +101,6 @@ def _assemble(
         dist_backend="nccl" if device == "cuda" else "gloo",
         gpus=gpus,
         threads_per_rank=threads,
-        timeout=_check_timeout(timeout),
-        log_ranks=_check_log_ranks(log_ranks, world_size),
-        return_all=bool(return_all),
-        max_restarts=_check_restarts(max_restarts),
-        hang_timeout=_check_hang_timeout(hang_timeout),
-        exit_grace=_check_exit_grace(exit_grace),
     )
 
 
@@ -216,20 +125,22 @@ def make_cluster_plan(
     *,
     facts: ClusterFacts,
     use_gpu: object = None,
-    timeout: object = None,
-    log_ranks: Collection[int] | None = None,
-    return_all: bool = False,
-    max_restarts: object = 0,
-    hang_timeout: object = None,
-    exit_grace: object = DEFAULT_EXIT_GRACE,
+    name: str = "num_processes",
 ) -> LaunchPlan:
     """Lay out a run over cluster tasks: one rank per task on CPU, one per GPU of a task on GPU.
 
+    Args:
+        num_processes: Number of ranks.
+        facts: What the cluster offers.
+        use_gpu: ``True`` (GPUs, error without), ``False`` (CPU), ``None`` (GPUs if tasks get
+            some).
+        name: What the caller's front door calls the number of ranks, for messages.
+
     Raises:
-        ConfigError: Bad values, GPUs asked for but not configured, ``num_processes`` not a
+        ConfigError: Bad values, GPUs asked for but not configured, a count that is not a
             multiple of the GPUs per task, or more tasks than the cluster can run at once.
     """
-    world_size = _check_count("num_processes", num_processes)
+    world_size = _check_count(name, num_processes)
     if use_gpu is not None and not isinstance(use_gpu, bool):
         raise ConfigError(f"use_gpu={use_gpu!r} must be True, False, or None.")
     device: Device = "cuda" if use_gpu or (use_gpu is None and facts.task_gpus > 0) else "cpu"
@@ -244,7 +155,7 @@ def make_cluster_plan(
         per_task = facts.task_gpus
         if world_size % per_task:
             raise ConfigError(
-                f"num_processes={world_size} is not a multiple of spark.task.resource.gpu.amount"
+                f"{name}={world_size} is not a multiple of spark.task.resource.gpu.amount"
                 f"={per_task}: each task runs one rank per GPU it gets. Pass a multiple of "
                 f"{per_task}."
             )
@@ -252,9 +163,9 @@ def make_cluster_plan(
     if facts.slots is not None and tasks > facts.slots:
         gpu_note = f" ({per_task} GPU(s) each)" if device == "cuda" else ""
         raise ConfigError(
-            f"num_processes={world_size} needs {tasks} barrier tasks{gpu_note} running at once, "
+            f"{name}={world_size} needs {tasks} barrier tasks{gpu_note} running at once, "
             f"but the cluster has {facts.slots} task slot(s) now; a barrier stage would wait or "
-            "fail. Lower num_processes, or add executors/cores (or GPUs)."
+            f"fail. Lower {name}, or add executors/cores (or GPUs)."
         )
     return _assemble(
         world_size,
@@ -263,12 +174,6 @@ def make_cluster_plan(
         device=device,
         gpus=(),
         threads=max(1, facts.task_cpus // per_task),
-        timeout=timeout,
-        log_ranks=log_ranks,
-        return_all=return_all,
-        max_restarts=max_restarts,
-        hang_timeout=hang_timeout,
-        exit_grace=exit_grace,
     )
 
 
@@ -277,12 +182,7 @@ def make_plan(
     *,
     topology: Topology,
     use_gpu: object = None,
-    timeout: object = None,
-    log_ranks: Collection[int] | None = None,
-    return_all: bool = False,
-    max_restarts: object = 0,
-    hang_timeout: object = None,
-    exit_grace: object = DEFAULT_EXIT_GRACE,
+    name: str = "num_processes",
 ) -> LaunchPlan:
     """Validate the caller's intent against ``topology`` and lay out a single-node run.
 
@@ -290,18 +190,13 @@ def make_plan(
         num_processes: Number of ranks; a positive int.
         topology: The node's resources (see :func:`sparktrain.plan.topology.detect_local`).
         use_gpu: ``True`` (GPUs, error without), ``False`` (CPU), ``None`` (GPUs if any).
-        timeout: Seconds before the run is stopped, or ``None``.
-        log_ranks: Ranks whose output to show, or ``None`` for all.
-        return_all: Bring back every rank's return value, not only rank 0's.
-        max_restarts: Restarts of the whole group allowed after a failure.
-        hang_timeout: Seconds without progress before the run is declared hung.
-        exit_grace: Seconds a rank that has returned gets to exit before it is killed.
+        name: What the caller's front door calls the number of ranks, for messages.
 
     Raises:
         ConfigError: A value is out of range; the message says which and what to pass instead.
     """
-    world_size = _check_count("num_processes", num_processes)
-    device = _resolve_device(use_gpu, world_size, topology)
+    world_size = _check_count(name, num_processes)
+    device = _resolve_device(use_gpu, world_size, topology, name)
     return _assemble(
         world_size,
         nodes=1,
@@ -309,10 +204,4 @@ def make_plan(
         device=device,
         gpus=topology.gpus[:world_size] if device == "cuda" else (),
         threads=max(1, topology.cpus // world_size),
-        timeout=timeout,
-        log_ranks=log_ranks,
-        return_all=return_all,
-        max_restarts=max_restarts,
-        hang_timeout=hang_timeout,
-        exit_grace=exit_grace,
     )

@@ -38,7 +38,8 @@ def _cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-def _nvidia_driver_present() -> bool:
+def nvidia_driver_present() -> bool:
+    """Whether this machine has an NVIDIA driver loaded (so asking CUDA is worth an import)."""
     return Path("/proc/driver/nvidia/gpus").is_dir() or Path("/dev/nvidiactl").exists()
 
 
@@ -55,7 +56,7 @@ def detect_gpus() -> tuple[str, ...]:
     visible = env.cuda_visible_devices()
     if visible == ():
         return ()
-    if not _nvidia_driver_present():
+    if not nvidia_driver_present():
         return ()
     count = _cuda_device_count()
     if visible is not None:

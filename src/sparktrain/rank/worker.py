@@ -32,7 +32,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import cloudpickle
 
@@ -41,11 +41,23 @@ from sparktrain.plan.entrypoint import ScriptEntry
 from sparktrain.rank import process_groups, reporting
 from sparktrain.rank.paths import error_path, payload_path, result_path, stack_path
 
-if TYPE_CHECKING:
-    from sparktrain.node.forkserver import RankFds
-
 _PR_SET_PDEATHSIG = 1
 _stack_file: Any = None
+
+
+@dataclass(frozen=True)
+class RankFds:
+    """The descriptors a rank is born with, besides its stdout and stderr.
+
+    Attributes:
+        report: Write end of the pipe for ``sparktrain.report()`` lines.
+        status: Write end of the pipe on which the rank says it has finished its function.
+        listen: Rank 0's bound rendezvous socket, or ``None``.
+    """
+
+    report: int
+    status: int
+    listen: int | None
 
 
 @dataclass(frozen=True, kw_only=True)

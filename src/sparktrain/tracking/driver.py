@@ -24,6 +24,7 @@ from typing import Any
 
 from sparktrain.errors import ConfigError, TrainingFailedError
 from sparktrain.plan.layout import LaunchPlan
+from sparktrain.plan.options import RunOptions
 
 #: While the driver probes the server: fail fast instead of MLflow's minutes of retries.
 _PROBE_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
@@ -121,7 +122,7 @@ class DriverRun:
 
 
 def begin(
-    plan: LaunchPlan, backend: str, *, enabled: bool | None, strict: bool
+    plan: LaunchPlan, options: RunOptions, backend: str, *, enabled: bool | None, strict: bool
 ) -> DriverRun | None:
     """Create the launch's run and log its parameters, or return ``None`` (tracking off)."""
     child: ChildRun | None = getattr(_linked, "child", None)
@@ -145,8 +146,8 @@ def begin(
             "backend": backend,
             "device": plan.device,
             "dist_backend": plan.dist_backend,
-            "max_restarts": plan.max_restarts,
-            "hang_timeout": plan.hang_timeout,
+            "max_restarts": options.max_restarts,
+            "hang_timeout": options.hang_timeout,
         }
         params.update(child.params if child else {})
         for key, value in params.items():

@@ -12,27 +12,30 @@ re-raises: calling ``tune`` again with the same ``storage`` retries them and run
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, Literal
 
+from sparktrain.driver.launch import PreparedLaunch, prepare
 from sparktrain.driver.monitor import Monitor
 from sparktrain.errors import (
+    ClusterError,
     ConfigError,
     HangError,
-    SparkJobError,
     TrainingFailedError,
     TrainingTimeoutError,
 )
+from sparktrain.plan.options import RunOptions, run_options
 from sparktrain.tuning import study as studies
 from sparktrain.tuning.results import TuneResult
 from sparktrain.tuning.space import to_optuna
 from sparktrain.tuning.tracking import SearchRun
 
-_TRIAL_ERRORS = (TrainingFailedError, HangError, TrainingTimeoutError, SparkJobError)
+_TRIAL_ERRORS = (TrainingFailedError, HangError, TrainingTimeoutError, ClusterError)
 #: A trial whose ranks print and report nothing for this long is stopped as hung, so that one
 #: stuck trial cannot stall the whole search; the search goes on with the next trial.
 TRIAL_HANG_TIMEOUT = 600.0
@@ -50,14 +53,16 @@ def tune(
     scheduler: Any = "asha",
     sampler: Any = None,
     backend: Literal["local", "spark", "ray"] = "local",
-    use_gpu: bool | None = False,
+    use_gpu: bool | None = None,
+    ray_address: str | None = None,
     storage: str | None = None,
     study_name: str = "sparktrain-tune",
     seed: int | None = None,
     mlflow: bool | None = None,
-    log_ranks: Any = (),
+    log_ranks: Collection[int] | None = (),
     hang_timeout: float | None = TRIAL_HANG_TIMEOUT,
-    **launch_options: Any,
+    options: RunOptions | None = None,
+    **option_args: Any,
 ) -> TuneResult:
     """Search ``search_space`` for the configuration of ``main`` with the best ``metric``.
 
@@ -76,7 +81,8 @@ def tune(
             ``"hyperband"``, ``"median"`` (median stopping), ``None``, or an Optuna pruner.
         sampler: An Optuna sampler (default: TPE, seeded with ``seed``).
         backend: Where trials run: ``"local"``, ``"spark"`` or ``"ray"``.
-        use_gpu: As for :func:`sparktrain.launch` (default CPU).
+        use_gpu: As for :func:`sparktrain.launch` (``None``: GPUs where there are some).
+        ray_address: With ``backend="ray"``: the cluster to join.
         storage: An Optuna storage (``"sqlite:///tune.db"``, or a path ending in ``.db``) to
             keep the study, so that an interrupted search resumes; ``None`` keeps it in memory.
         study_name: The study's name in ``storage``.
@@ -88,7 +94,10 @@ def tune(
             the trial is stopped as hung (and recorded failed, with where each rank waited);
             600 by default, so that one stuck trial cannot stall the search. ``None`` turns the
             watch off.
-        **launch_options: Passed to each trial's launch (``timeout``, ``hang_timeout``, ...).
+        options: A :class:`~sparktrain.plan.options.RunOptions` for every trial.
+        **option_args: Run options of every trial by name (``timeout``, ``max_restarts``,
+            ``exit_grace``, ...), as for :func:`sparktrain.launch`. ``on_report`` is not taken:
+            tune reads every trial's reports itself (its scheduler stops weak trials).
 
     Returns:
         A :class:`TuneResult`: every trial, ``best_config``, ``best_value``, ``table()``.
@@ -98,6 +107,22 @@ def tune(
         KeyboardInterrupt: Ctrl-C; running trials were stopped and marked interrupted.
     """
     _check(num_trials, metric, mode, max_concurrent_trials, num_processes_per_trial)
+    if "on_report" in option_args:
+        raise ConfigError(
+            "tune reads every trial's reports itself (its scheduler stops weak trials), so it "
+            "takes no on_report=; report with sparktrain.report(step=..., **{metric: value})."
+        )
+    trial_options = run_options(
+        options, log_ranks=log_ranks, hang_timeout=hang_timeout, **option_args
+    )
+    prepared = prepare(
+        num_processes_per_trial,
+        use_gpu=use_gpu,
+        backend=backend,
+        ray_address=ray_address,
+        options=trial_options,
+        name="num_processes_per_trial",
+    )
     searched, constants = to_optuna(search_space)
     study = studies.open_study(
         storage, study_name, mode=mode, sampler=sampler, scheduler=scheduler, seed=seed
@@ -108,11 +133,7 @@ def tune(
     )
     search = _Search(
         main=main, study=study, searched=searched, constants=constants, metric=metric,
-        tracking=tracking,
-    )  # fmt: skip
-    search.options = dict(
-        launch_options, num_processes=num_processes_per_trial, backend=backend,
-        use_gpu=use_gpu, log_ranks=log_ranks, hang_timeout=hang_timeout,
+        tracking=tracking, prepared=prepared,
     )  # fmt: skip
     try:
         search.run(remaining, max_concurrent_trials)
@@ -149,10 +170,10 @@ class _Search:
         constants: dict[str, Any],
         metric: str,
         tracking: SearchRun | None,
+        prepared: PreparedLaunch,
     ) -> None:
         self.main, self.study, self.searched, self.constants = main, study, searched, constants
-        self.metric, self.tracking = metric, tracking
-        self.options: dict[str, Any] = {}
+        self.metric, self.tracking, self.prepared = metric, tracking, prepared
         self.aborting = threading.Event()
         self.monitors: set[Monitor] = set()
         self.lock = threading.Lock()
@@ -228,16 +249,15 @@ class _Search:
         self, number: int, config: dict[str, Any], monitor: Monitor, state: _TrialState
     ) -> Any:
         """The trial's :class:`RunResult`, or the error that ended it."""
-        from sparktrain.driver.launch import launch
-
         try:
             if self.tracking is None:
-                return launch(self.main, (config,), on_report=monitor, **self.options)
+                return self.prepared.run(self.main, (config,), monitor=monitor)
+            tracked = dataclasses.replace(
+                self.prepared, options=dataclasses.replace(self.prepared.options, mlflow=True)
+            )
             with self.tracking.child(number, config) as child:
                 try:
-                    return launch(
-                        self.main, (config,), on_report=monitor, mlflow=True, **self.options
-                    )
+                    return tracked.run(self.main, (config,), monitor=monitor)
                 finally:
                     state.run_id = child.run_id
         except ConfigError:

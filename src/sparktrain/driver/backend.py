@@ -1,0 +1,157 @@
+"""Where a run's nodes execute: one interface for this machine, Spark and Ray, and their registry.
+
+A :class:`Backend` lays out ``N`` processes on what it offers (:meth:`Backend.layout`, which
+may ask the cluster) and starts the nodes of one attempt (:meth:`Backend.start`). The started
+:class:`Nodes` are then driven by the one follow loop of :mod:`sparktrain.driver.follow`, which
+only polls them, cancels them and closes them. A backend object holds no attempt's state, so one
+prepared launch can run its attempts (and a front door its runs) one after the other or at once.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from sparktrain.driver.monitor import Monitor
+from sparktrain.errors import ConfigError
+from sparktrain.node.report import NodeReport
+from sparktrain.node.spec import NodeSpec, node_spec
+from sparktrain.plan.entrypoint import Entrypoint
+from sparktrain.plan.layout import LaunchPlan
+from sparktrain.plan.options import RunOptions
+from sparktrain.plan.topology import Topology
+
+
+@dataclass(frozen=True, kw_only=True)
+class Attempt:
+    """One start of a run's whole group, as the backend needs it.
+
+    Attributes:
+        plan: The layout the launch was prepared with.
+        options: The run's options.
+        entry: What every rank runs.
+        number: The attempt number (0 at first; one more per restart).
+        monitor: Receives the ranks' reports; says when the caller asked to stop.
+        extra_env: Variables of other contracts for every rank (MLflow's run).
+        dataframe: A Spark DataFrame whose rows are shared among the ranks, or ``None``.
+    """
+
+    plan: LaunchPlan
+    options: RunOptions
+    entry: Entrypoint
+    number: int
+    monitor: Monitor
+    extra_env: dict[str, str] | None = None
+    dataframe: Any = None
+
+    def spec(
+        self, *, channel: tuple[str, int] | None = None, secret: bytes | None = None
+    ) -> NodeSpec:
+        """What every node of this attempt is given."""
+        return node_spec(
+            self.plan,
+            self.options,
+            self.entry,
+            attempt=self.number,
+            extra_env=self.extra_env,
+            with_data=self.dataframe is not None,
+            channel=channel,
+            secret=secret,
+        )
+
+
+@dataclass(frozen=True)
+class Polled:
+    """What :meth:`Nodes.poll` saw.
+
+    Attributes:
+        failed: A rank failed since the last poll: every other node should stop.
+        reports: Every node's report, once every node has ended; ``None`` before.
+    """
+
+    failed: bool = False
+    reports: list[NodeReport] | None = None
+
+
+class Nodes(ABC):
+    """The started nodes of one attempt."""
+
+    @abstractmethod
+    def poll(self, wait: float) -> Polled:
+        """Follow the nodes for up to ``wait`` seconds (their lines are shown meanwhile)."""
+
+    @abstractmethod
+    def cancel(self, *, force: bool) -> None:
+        """Stop every node's ranks: ask them (``force=False``), or kill the nodes now."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release everything the attempt holds (called once, whatever happened)."""
+
+
+class Backend(ABC):
+    """Where the nodes of a run execute."""
+
+    name: ClassVar[str]
+    #: Whether ranks can read a DataFrame's rows on this backend (``dataframe=``).
+    takes_dataframe: ClassVar[bool] = True
+
+    @abstractmethod
+    def layout(self, num_processes: object, *, use_gpu: object, name: str) -> LaunchPlan:
+        """Lay out ``num_processes`` ranks on what this backend offers now.
+
+        Args:
+            num_processes: The number of ranks asked for.
+            use_gpu: ``True``, ``False`` or ``None`` (GPUs where there are some).
+            name: What the caller's front door calls the number, for messages.
+
+        Raises:
+            ConfigError: The ranks do not fit, or a value is bad; nothing was started.
+        """
+
+    @abstractmethod
+    def start(self, attempt: Attempt) -> Nodes:
+        """Start every node of ``attempt``; what is started is released if this raises."""
+
+
+def _local(*, topology: Topology | None, ray_address: str | None) -> Backend:
+    from sparktrain.driver.local import LocalBackend
+
+    return LocalBackend(topology=topology)
+
+
+def _spark(*, topology: Topology | None, ray_address: str | None) -> Backend:
+    from sparktrain.driver.spark import SparkBackend
+
+    return SparkBackend()
+
+
+def _ray(*, topology: Topology | None, ray_address: str | None) -> Backend:
+    from sparktrain.driver.ray import RayBackend
+
+    return RayBackend(address=ray_address)
+
+
+#: The backends by name; each is imported only when chosen (pyspark and ray are optional).
+BACKENDS: dict[str, Callable[..., Backend]] = {"local": _local, "ray": _ray, "spark": _spark}
+
+
+def make_backend(
+    backend: object, *, topology: Topology | None = None, ray_address: str | None = None
+) -> Backend:
+    """The backend named ``backend`` (or ``backend`` itself, an instance).
+
+    Raises:
+        ConfigError: An unknown name (the message lists the known ones), or what the chosen
+            backend needs is missing (pyspark, an active SparkSession, Ray).
+    """
+    if isinstance(backend, Backend):
+        return backend
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ConfigError(
+            f"backend={backend!r} is not one of: {', '.join(sorted(BACKENDS))} (or a "
+            "sparktrain.driver.backend.Backend)."
+        )
+    return BACKENDS[backend](topology=topology, ray_address=ray_address)

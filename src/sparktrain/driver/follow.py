@@ -1,0 +1,79 @@
+"""The driver's one follow loop: every backend's nodes, from their start to their reports.
+
+The loop polls the started :class:`~sparktrain.driver.backend.Nodes` (their lines are shown as
+they come). At the first failure a node reports, or when the caller's ``on_report`` asks, it
+tells every node to stop its ranks. If the nodes have not ended :data:`CANCEL_AFTER` seconds
+after the stop grace period, it kills them; if even that does not end them within as long, the
+attempt fails with :class:`~sparktrain.ClusterError`. On Ctrl-C it stops them the same way,
+waits a short while for them to end, kills what is left and re-raises. Whatever happens, the
+nodes are closed. How a backend stops or kills a node (a message on the channel, cancelling a
+Spark job, killing a Ray actor, signalling local ranks) is the backend's business.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from sparktrain.driver.backend import Nodes
+from sparktrain.driver.monitor import Monitor
+from sparktrain.errors import ClusterError
+from sparktrain.node.report import NodeReport
+
+#: After asking the nodes to stop, how long they get (beyond the stop grace) before being killed.
+CANCEL_AFTER = 15.0
+#: How often the loop looks at the nodes when none of them says anything.
+POLL_SECONDS = 0.2
+#: After Ctrl-C, how long (beyond the stop grace) the nodes get to stop before being killed.
+INTERRUPT_WAIT = 5.0
+
+
+def follow(nodes: Nodes, *, stop_grace: float, monitor: Monitor) -> list[NodeReport]:
+    """Follow ``nodes`` until every one has reported; close them in any case.
+
+    Args:
+        nodes: The started nodes of one attempt.
+        stop_grace: Seconds the nodes take between SIGTERM and SIGKILL of their ranks.
+        monitor: Says when the caller (``on_report``) asked for the run to stop.
+
+    Returns:
+        Every node's report, in node order.
+
+    Raises:
+        KeyboardInterrupt: After the nodes were stopped (or killed).
+    """
+    cancel_at: float | None = None
+    killed = False
+    try:
+        while True:
+            polled = nodes.poll(POLL_SECONDS)
+            if polled.reports is not None:
+                return sorted(polled.reports, key=lambda report: report.node_rank)
+            if cancel_at is None and (polled.failed or monitor.stop_requested()):
+                nodes.cancel(force=False)
+                cancel_at = time.monotonic() + CANCEL_AFTER + stop_grace
+            elif cancel_at is not None and time.monotonic() > cancel_at:
+                if killed:
+                    raise ClusterError(
+                        "the run's nodes were killed but did not end within "
+                        f"{CANCEL_AFTER:g}s; the cluster (or this machine) is not responding."
+                    )
+                nodes.cancel(force=True)  # a node did not stop its ranks in time
+                killed = True
+                cancel_at = time.monotonic() + CANCEL_AFTER
+    except KeyboardInterrupt:
+        _interrupted(nodes, stop_grace)
+        raise
+    finally:
+        nodes.close()
+
+
+def _interrupted(nodes: Nodes, stop_grace: float) -> None:
+    """After Ctrl-C: stop the nodes, wait a little for them, kill what is left."""
+    with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C still ends the nodes
+        nodes.cancel(force=False)
+        deadline = time.monotonic() + stop_grace + INTERRUPT_WAIT
+        while time.monotonic() < deadline:
+            if nodes.poll(POLL_SECONDS).reports is not None:
+                return
+    nodes.cancel(force=True)

@@ -1,0 +1,78 @@
+"""A node away from the caller (a Spark task, a Ray actor), connected to the driver.
+
+:func:`run_connected` connects back to the driver over the attempt's authenticated channel
+(:mod:`sparktrain.node.channel`), runs the node (:class:`~sparktrain.node.runner.NodeRun`) with
+its lines and reports sent to the driver instead of printed, tells the driver each rank's exit
+as soon as it is seen (so that the driver can stop the other nodes at the first failure), stops
+its ranks when the driver says so or the channel breaks, and returns the node's report.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from sparktrain.node.agent import RankExit
+from sparktrain.node.channel import ChannelClient
+from sparktrain.node.logs import LogSink, Stream
+from sparktrain.node.report import NodeReport
+from sparktrain.node.runner import NodeRun
+from sparktrain.node.spec import NodeSpec, Place
+from sparktrain.rank.paths import share_path
+
+
+class ChannelSink(LogSink):
+    """Sends each rank's lines and reports to the driver instead of printing them."""
+
+    def __init__(self, channel: ChannelClient, shown: frozenset[int] | None) -> None:
+        """Forward the lines of ``shown`` ranks over ``channel``."""
+        super().__init__(shown)
+        self.channel = channel
+
+    def write(self, rank: int, stream: Stream, lines: list[str]) -> None:
+        """Send the lines (prefixing happens on the driver)."""
+        self.channel.send({"kind": "log", "rank": rank, "stream": stream, "lines": lines})
+
+    def reports(self, rank: int, records: list[dict[str, Any]]) -> None:
+        """Send the reports to the driver's monitor."""
+        self.channel.send({"kind": "report", "rank": rank, "records": records})
+
+
+def run_connected(
+    spec: NodeSpec, place: Place, *, run_dir: str, listener: socket.socket | None
+) -> NodeReport:
+    """Run one node's ranks to the end, connected to the driver; its report.
+
+    Args:
+        spec: The attempt, as every node sees it (with the driver's channel).
+        place: Where this node is (index, host, rendezvous address, GPUs).
+        run_dir: This node's run directory (payload and data shares already written).
+        listener: Node 0's bound rendezvous socket (``None`` on other nodes); closed here.
+    """
+    if spec.channel is None or spec.secret is None:
+        raise ValueError("a remote node needs the driver's channel address and secret")
+    try:
+        channel = ChannelClient(spec.channel, spec.secret)
+    except BaseException:
+        if listener is not None:
+            listener.close()
+        raise
+    try:
+        ranks = spec.ranks_of(place.node)
+        channel.send(
+            {"kind": "hello", "node": place.node, "host": place.host, "ranks": list(ranks)}
+        )
+
+        def on_exit(ended: RankExit) -> None:
+            channel.send({"kind": "exit", "rank": ended.rank, "code": ended.exit_code})
+
+        shares = {r: str(share_path(run_dir, r)) for r in ranks} if spec.with_data else None
+        report = NodeRun(
+            spec, place, run_dir=run_dir, listener=listener,
+            sink=ChannelSink(channel, spec.options.log_ranks), control=channel, on_exit=on_exit,
+            data_paths=shares,
+        ).run()  # fmt: skip
+        channel.send({"kind": "bye", "node": place.node})
+        return report
+    finally:
+        channel.close()

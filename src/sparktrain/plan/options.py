@@ -1,0 +1,210 @@
+"""``RunOptions``: a run's policy (time limits, restarts, what is shown, tracking), as one value.
+
+The layout of a run (how many ranks, where, on which devices) is planned from the cluster; its
+policy is the user's choice and the same for every front door. ``launch``, ``TorchDistributor``,
+``DeepspeedTorchDistributor``, ``HorovodRunner``, ``MirroredStrategyRunner``, ``tune`` and
+``sparktrain run`` all take these options by the same names, through :func:`run_options`, which
+checks each value once and names an unknown option with the closest known one. Each field
+documents itself (``help``), and the command line builds its flags from the same fields, so a new
+option is one field here plus the code that uses it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
+
+from sparktrain.errors import ConfigError
+
+OnReport = Callable[[int, dict[str, Any]], "bool | None"]
+
+#: Seconds a rank that has returned (or raised) gets to exit before it is killed.
+DEFAULT_EXIT_GRACE = 10.0
+
+
+def _seconds_or_none(name: str, value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(f"{name}={value!r} must be a positive number of seconds, or None.")
+    return None if math.isinf(value) else float(value)
+
+
+def _seconds(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ConfigError(f"{name}={value!r} must be a positive, finite number of seconds.")
+    return float(value)
+
+
+def _restarts(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(
+            f"{name}={value!r} must be a whole number >= 0 (0: fail at the first failure)."
+        )
+    return value
+
+
+def _flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name}={value!r} must be True or False.")
+    return value
+
+
+def _flag_or_none(name: str, value: object) -> bool | None:
+    return None if value is None else _flag(name, value)
+
+
+def _ranks(name: str, value: object) -> frozenset[int] | None:
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not isinstance(value, Collection):
+        raise ConfigError(
+            f"{name}={value!r} must be a collection of ranks such as [0], or None for all."
+        )
+    bad = [r for r in value if isinstance(r, bool) or not isinstance(r, int) or r < 0]
+    if bad:
+        raise ConfigError(f"{name}={sorted(value, key=repr)!r} names {bad!r}, which are not ranks.")
+    return frozenset(value)
+
+
+def _callback(name: str, value: object) -> Any:
+    if value is not None and not callable(value):
+        raise ConfigError(
+            f"{name}={value!r} must be a function called with (rank, record), or None."
+        )
+    return value
+
+
+def _parse_ranks(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(f"{text!r} must be comma-separated ranks, e.g. 0,1") from None
+
+
+def _option(default: Any, check: Callable[[str, Any], Any], help: str, *, cli: Any = float) -> Any:
+    """A field of :class:`RunOptions`: its default, its check, its help, its command-line type.
+
+    ``cli``: how the command line parses the flag's text (``float``, ``int``, ``bool`` for a
+    ``--name/--no-name`` pair, a function), or ``None`` when the option cannot be given there.
+    """
+    return field(default=default, metadata={"check": check, "help": help, "cli": cli})
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    """How a run behaves, whatever its layout; every front door takes these by name."""
+
+    timeout: float | None = _option(
+        None, _seconds_or_none, "stop every rank after this many seconds and raise "
+        "TrainingTimeoutError (None: no limit)",
+    )  # fmt: skip
+    hang_timeout: float | None = _option(
+        None, _seconds_or_none, "seconds without a line or a sparktrain.report() from any rank "
+        "after which the run is declared hung and where each rank waits is reported (None: off)",
+    )  # fmt: skip
+    max_restarts: int = _option(
+        0, _restarts, "after a failure, stop every rank and start the whole group again, up to "
+        "this many times (timeouts are not restarted)", cli=int,
+    )  # fmt: skip
+    exit_grace: float = _option(
+        DEFAULT_EXIT_GRACE, _seconds, "seconds a rank that has returned gets to exit; it is "
+        "then killed with one warning line, and what it returned stands",
+    )  # fmt: skip
+    stop_grace: float = _option(
+        3.0, _seconds, "seconds between SIGTERM and SIGKILL when ranks are stopped"
+    )
+    log_ranks: frozenset[int] | None = _option(
+        None, _ranks, "ranks whose output is shown, e.g. 0,1 (None: all)", cli=_parse_ranks
+    )
+    return_all: bool = _option(
+        False, _flag, "bring back every rank's return value, not only rank 0's", cli=None
+    )
+    mlflow: bool | None = _option(
+        None, _flag_or_none, "track the run in MLflow (None: when the caller has an active run)",
+        cli=bool,
+    )  # fmt: skip
+    mlflow_strict: bool = _option(
+        False, _flag, "raise, instead of warning, when the MLflow server cannot be used", cli=bool
+    )
+    progress: bool | None = _option(
+        None, _flag_or_none, "draw a progress bar from rank 0's sparktrain.report() calls (None: "
+        "when the output is a terminal or a notebook)", cli=bool,
+    )  # fmt: skip
+    on_report: OnReport | None = _option(  # noqa: RUF009 - _option returns a dataclasses.field
+        None, _callback, "called as on_report(rank, record) for every report in the caller's "
+        "thread; returning True stops every rank", cli=None,
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        for item in dataclasses.fields(self):
+            value = item.metadata["check"](item.name, getattr(self, item.name))
+            object.__setattr__(self, item.name, value)
+
+    def shows(self, rank: int) -> bool:
+        """Whether ``rank``'s output is shown to the caller."""
+        return self.log_ranks is None or rank in self.log_ranks
+
+    def for_nodes(self) -> RunOptions:
+        """These options as they travel to the nodes: without the caller's callback."""
+        return dataclasses.replace(self, on_report=None)
+
+    def check_ranks(self, world_size: int) -> None:
+        """Raise :class:`ConfigError` if ``log_ranks`` names a rank the run does not have."""
+        if self.log_ranks is None:
+            return
+        outside = sorted(r for r in self.log_ranks if r >= world_size)
+        if outside:
+            raise ConfigError(
+                f"log_ranks={sorted(self.log_ranks)!r} names {outside!r}, not ranks of this run "
+                f"(0 to {world_size - 1}); pass ranks in that range, or None to show all."
+            )
+
+
+class RunOptionsArgs(TypedDict, total=False):
+    """The keyword arguments of :class:`RunOptions`, for ``**options`` of the front doors."""
+
+    timeout: float | None
+    hang_timeout: float | None
+    max_restarts: int
+    exit_grace: float
+    stop_grace: float
+    log_ranks: Collection[int] | None
+    return_all: bool
+    mlflow: bool | None
+    mlflow_strict: bool
+    progress: bool | None
+    on_report: OnReport | None
+
+
+NAMES = tuple(item.name for item in dataclasses.fields(RunOptions))
+
+
+def run_options(base: RunOptions | None = None, /, **given: Any) -> RunOptions:
+    """``base`` (or the defaults) with the options ``given`` by name, checked.
+
+    Raises:
+        ConfigError: An unknown option (the message names the closest known one and lists them
+            all), or a bad value.
+    """
+    unknown = sorted(set(given) - set(NAMES))
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], NAMES, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(
+            f"unknown option {unknown[0]!r}{hint}; the run options are: {', '.join(NAMES)}."
+        )
+    return dataclasses.replace(base or RunOptions(), **given)
+
+
+def cli_options() -> list[tuple[str, Any, str]]:
+    """``(name, parse, help)`` of each option that the command line takes."""
+    return [
+        (item.name, item.metadata["cli"], item.metadata["help"])
+        for item in dataclasses.fields(RunOptions)
+        if item.metadata["cli"] is not None
+    ]

@@ -15,6 +15,7 @@ import torch
 
 from conftest import wait_gone
 from sparktrain import (
+    ConfigError,
     TorchDistributor,
     TrainingFailedError,
     TrainingTimeoutError,
@@ -325,3 +326,21 @@ def test_exception_without_printable_message() -> None:
     with pytest.raises(TrainingFailedError, match=r"rank 0 on .*_BadStr") as info:
         launch(_raise_bad_str, num_processes=1, use_gpu=False)
     assert info.value.culprit is not None and "_raise_bad_str" in info.value.culprit.traceback
+
+
+def _variables(*names: str) -> dict[str, str | None]:
+    return {name: os.environ.get(name) for name in names}
+
+
+def test_env_option_reaches_every_rank_and_the_contract_stays_ours() -> None:
+    result = launch(
+        _variables, ("ST_DATA", "ST_MODE", "RANK"), num_processes=2, use_gpu=False,
+        return_all=True, env={"ST_DATA": "/dbfs/data", "ST_MODE": "fast"},
+    )  # fmt: skip
+    assert [result.return_values[r] for r in (0, 1)] == [
+        {"ST_DATA": "/dbfs/data", "ST_MODE": "fast", "RANK": str(r)} for r in (0, 1)
+    ]
+    with pytest.raises(ConfigError, match=r"env sets RANK, which sparktrain sets for each rank"):
+        launch(_variables, num_processes=1, use_gpu=False, env={"RANK": "3"})
+    with pytest.raises(ConfigError, match=r"env=\{'A': 1\} must map variable names to string"):
+        launch(_variables, num_processes=1, use_gpu=False, env={"A": 1})

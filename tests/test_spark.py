@@ -54,6 +54,16 @@ def test_distributor_returns_rank_zeros_value(spark: object) -> None:
     assert TorchDistributor(2, False, False).run(_rank_and_world) == (0, 2)
 
 
+def test_run_options_travel_to_the_executors(spark: object) -> None:
+    distributor = TorchDistributor(2, False, False, env={"ST_FROM_DRIVER": "yes"}, return_all=True)
+    values = distributor.prepared.run(_variable, ("ST_FROM_DRIVER",)).return_values
+    assert values == {0: "yes", 1: "yes"}
+
+
+def _variable(name: str) -> str | None:
+    return os.environ.get(name)  # read in the rank (os.environ.get would pickle the caller's)
+
+
 def _rank_and_world() -> tuple[int, int]:
     import torch.distributed as dist
 

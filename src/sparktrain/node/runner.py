@@ -60,10 +60,11 @@ def rank_requests(
 ) -> list[RankRequest]:
     """One request per rank of the node at ``place``.
 
-    Each rank's environment is this process's (the caller's or the task's), plus the contract,
-    plus the variables of other contracts (``spec.extra_env``).
+    Each rank's environment is this process's (the caller's or the task's), plus the run's
+    ``env`` option, plus the variables of other contracts (``spec.extra_env``), plus the
+    contract.
     """
-    base = {**env.caller_environ(), **(spec.extra_env or {})}
+    base = {**env.caller_environ(), **(spec.options.env or {}), **(spec.extra_env or {})}
     requests = []
     for local, rank in enumerate(spec.ranks_of(place.node)):
         rank_env = env.RankEnv(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
@@ -79,6 +79,34 @@ def _callback(name: str, value: object) -> Any:
     return value
 
 
+def _variables(name: str, value: object) -> Mapping[str, str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and k and isinstance(v, str) for k, v in value.items()
+    ):
+        raise ConfigError(
+            f"{name}={value!r} must map variable names to string values, e.g. "
+            "{'HF_HOME': '/dbfs/hf'}, or be None."
+        )
+    from sparktrain.rank.env import CONTRACT_VARS
+
+    owned = sorted(set(value) & set(CONTRACT_VARS))
+    if owned:
+        raise ConfigError(
+            f"{name} sets {', '.join(owned)}, which sparktrain sets for each rank (the torch "
+            f"contract); leave {'them' if len(owned) > 1 else 'it'} out."
+        )
+    return dict(value)  # a copy: the caller's dict may change later
+
+
+def _parse_variables(text: str) -> dict[str, str]:
+    pairs = [part.split("=", 1) for part in text.split(",") if part.strip()]
+    if any(len(pair) != 2 for pair in pairs):
+        raise ConfigError(f"{text!r} must be comma-separated NAME=VALUE pairs, e.g. A=1,B=x")
+    return {key.strip(): val for key, val in pairs}
+
+
 def _parse_ranks(text: str) -> list[int]:
     try:
         return [int(part) for part in text.split(",") if part.strip()]
@@ -135,6 +163,10 @@ class RunOptions:
         None, _flag_or_none, "draw a progress bar from rank 0's sparktrain.report() calls (None: "
         "when the output is a terminal or a notebook)", cli=bool,
     )  # fmt: skip
+    env: Mapping[str, str] | None = _option(
+        None, _variables, "environment variables set in every rank, on top of the caller's "
+        "(on a cluster: the executor's), e.g. A=1,B=x", cli=_parse_variables,
+    )  # fmt: skip
     on_report: OnReport | None = _option(  # noqa: RUF009 - _option returns a dataclasses.field
         None, _callback, "called as on_report(rank, record) for every report in the caller's "
         "thread; returning True stops every rank", cli=None,
@@ -178,6 +210,7 @@ class RunOptionsArgs(TypedDict, total=False):
     mlflow: bool | None
     mlflow_strict: bool
     progress: bool | None
+    env: Mapping[str, str] | None
     on_report: OnReport | None
 
 

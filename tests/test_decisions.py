@@ -28,7 +28,7 @@ from sparktrain.driver.launch import _with_restarts
 from sparktrain.driver.monitor import Monitor
 from sparktrain.driver.results import RunResult, finish
 from sparktrain.errors import RankFailure, StackSite
-from sparktrain.node.agent import NodeOutcome, RankExit
+from sparktrain.node.outcome import NodeOutcome, RankExit
 from sparktrain.node.report import NodeReport, node_report
 from sparktrain.rank.paths import error_path, result_path
 

@@ -21,12 +21,11 @@ import signal
 import socket
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal
 
-from sparktrain.errors import StackSite
 from sparktrain.node import stacks
 from sparktrain.node.logs import LogSink, Stream
+from sparktrain.node.outcome import Control, NodeOutcome, RankExit
 from sparktrain.node.warm import ForkServer
 from sparktrain.rank.paths import stack_path
 from sparktrain.rank.worker import RankRequest
@@ -37,51 +36,6 @@ DRAIN_SECONDS = 2.0
 STACK_SECONDS = 3.0
 #: The pipes each rank writes to: its output, its reports, and its status (outcome recorded).
 _PIPES: tuple[Stream | Literal["status"], ...] = ("stdout", "stderr", "report", "status")
-
-
-@dataclass(frozen=True)
-class RankExit:
-    """How one rank's process ended.
-
-    Attributes:
-        rank: Global rank.
-        exit_code: 0 on success; negative for a signal.
-        time: Wall-clock time the fork server saw it exit.
-        stopped: Whether the agent had signalled it to stop before it exited.
-        lingered: Whether it had recorded its outcome but did not exit within the exit grace
-            period, and was killed; ``exit_code`` is then the outcome it recorded.
-    """
-
-    rank: int
-    exit_code: int
-    time: float
-    stopped: bool
-    lingered: bool = False
-
-
-class Control(Protocol):
-    """A channel from whoever coordinates several nodes: it can tell this node to stop."""
-
-    def fileno(self) -> int:
-        """Descriptor to wait on."""
-        ...
-
-    def stop_requested(self) -> bool:
-        """Read what arrived; ``True`` if it asks the node to stop (or the channel closed)."""
-        ...
-
-
-@dataclass
-class NodeOutcome:
-    """What happened to a node's ranks."""
-
-    exits: dict[int, RankExit] = field(default_factory=dict)
-    timed_out: bool = False
-    running_at_timeout: tuple[int, ...] = ()
-    stop_time: float | None = None
-    hung: bool = False
-    hang_sites: dict[int, StackSite] = field(default_factory=dict)
-    hang_silent: tuple[int, ...] = ()
 
 
 class NodeAgent:
@@ -325,20 +279,12 @@ class NodeAgent:
         """Ask every running rank for its Python stacks and read where each one waits."""
         self.outcome.hung = True
         running = self._running()
-        paths = {r.rank: stack_path(r.run_dir, r.rank) for r in self.requests}
         for _, pid in running:
             self.server.signal(pid, signal.SIGUSR1, group=False)
-        deadline = time.monotonic() + STACK_SECONDS
-        sites: dict[int, StackSite] = {}
-        while len(sites) < len(running) and time.monotonic() < deadline:
-            time.sleep(0.1)
-            for rank, _ in running:
-                if rank not in sites and paths[rank].exists():
-                    site = stacks.parse(paths[rank].read_text(errors="replace"), rank)
-                    if site is not None:
-                        sites[rank] = site
-        self.outcome.hang_sites = sites
-        self.outcome.hang_silent = tuple(r for r, _ in running if r not in sites)
+        paths = {r.rank: stack_path(r.run_dir, r.rank) for r in self.requests}
+        waiting = [rank for rank, _ in running]
+        self.outcome.hang_sites = stacks.collect({r: paths[r] for r in waiting}, STACK_SECONDS)
+        self.outcome.hang_silent = tuple(r for r in waiting if r not in self.outcome.hang_sites)
 
     def _on_control(self, fd: int) -> None:
         assert self.control is not None

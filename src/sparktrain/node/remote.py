@@ -12,9 +12,9 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-from sparktrain.node.agent import RankExit
 from sparktrain.node.channel import ChannelClient
 from sparktrain.node.logs import LogSink, Stream
+from sparktrain.node.outcome import RankExit
 from sparktrain.node.report import NodeReport
 from sparktrain.node.runner import NodeRun
 from sparktrain.node.spec import NodeSpec, Place

@@ -12,13 +12,11 @@ import pickle
 import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sparktrain.errors import RankFailure, StackSite
+from sparktrain.node.outcome import NodeOutcome
 from sparktrain.rank.paths import error_path, result_path
-
-if TYPE_CHECKING:  # the agent (and the fork server client) stay out of the driver's imports
-    from sparktrain.node.agent import NodeOutcome
 
 
 def _signal_failure(

@@ -16,8 +16,9 @@ import sys
 from collections.abc import Callable, Mapping
 
 from sparktrain.node import warm
-from sparktrain.node.agent import Control, NodeAgent, RankExit
+from sparktrain.node.agent import NodeAgent
 from sparktrain.node.logs import LogSink
+from sparktrain.node.outcome import Control, RankExit
 from sparktrain.node.report import NodeReport, node_report
 from sparktrain.node.spec import NodeSpec, Place
 from sparktrain.rank import env, rundirs

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 import sysconfig
+import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from sparktrain.errors import StackSite
@@ -61,3 +63,17 @@ def parse(text: str, rank: int) -> StackSite | None:
         user_function=user.group("func").strip(),
         stack="\n".join(frames),
     )
+
+
+def collect(paths: Mapping[int, Path], within: float) -> dict[int, StackSite]:
+    """Read each rank's stack dump from ``paths`` as it appears, for up to ``within`` seconds."""
+    deadline = time.monotonic() + within
+    sites: dict[int, StackSite] = {}
+    while len(sites) < len(paths) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        for rank, path in paths.items():
+            if rank not in sites and path.exists():
+                site = parse(path.read_text(errors="replace"), rank)
+                if site is not None:
+                    sites[rank] = site
+    return sites

@@ -194,3 +194,29 @@ def test_only_rank_zero_writes_without_a_process_group(tmp_path: Path) -> None:
     latest = checkpoint.load_latest(tmp_path)
     assert latest is not None and latest.state == {"rank": 0}
     assert [p.name for p in tmp_path.iterdir()] == ["step-00000000"]
+
+
+def kill_the_fork_server_once() -> int:
+    """On the first attempt, rank 0 kills the fork server (its parent): infrastructure lost."""
+    import signal as signals
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    dist.barrier()
+    if sparktrain.restart_count() == 0 and dist.get_rank() == 0:
+        os.kill(os.getppid(), signals.SIGKILL)
+        time.sleep(30)  # dies with its server (PR_SET_PDEATHSIG)
+    dist.barrier()
+    return sparktrain.restart_count()
+
+
+def test_a_lost_fork_server_is_a_cluster_error_and_is_restarted() -> None:
+    from sparktrain import ClusterError
+
+    with pytest.raises(ClusterError, match=r"fork server .* exited unexpectedly"):
+        launch(kill_the_fork_server_once, num_processes=2, use_gpu=False, timeout=60)
+    result = launch(
+        kill_the_fork_server_once, num_processes=2, use_gpu=False, timeout=60, max_restarts=1
+    )
+    assert (result.value, result.attempts) == (1, 2)

@@ -231,3 +231,13 @@ def test_task_gpu_addresses_must_be_plain_integers() -> None:
         _gpus(_Context(["GPU-1f2e"]), spec)
     with pytest.raises(ValueError, match="gave this task 2 GPU"):
         _gpus(_Context(["0", "1"]), spec)
+
+
+def test_an_unknown_backend_is_refused_with_the_known_ones() -> None:
+    from sparktrain import launch
+
+    message = r"backend='sprak' is not one of: local, ray, spark \(or a sparktrain"
+    with pytest.raises(ConfigError, match=message):
+        launch(print, num_processes=2, use_gpu=False, backend="sprak")
+    with pytest.raises(ConfigError, match=message):
+        TorchDistributor(2, backend="sprak")  # type: ignore[arg-type]

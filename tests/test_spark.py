@@ -60,6 +60,20 @@ def test_run_options_travel_to_the_executors(spark: object) -> None:
     assert values == {0: "yes", 1: "yes"}
 
 
+def test_the_distributor_plans_once_and_runs_that_plan(
+    spark: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sparktrain.driver import spark as spark_backend
+
+    asked: list[object] = []
+    facts = spark_backend.cluster_facts
+    monkeypatch.setattr(spark_backend, "cluster_facts", lambda *a: asked.append(a) or facts(*a))
+    distributor = TorchDistributor(2, False, False)
+    assert distributor.run(_rank_and_world) == (0, 2)
+    assert distributor.run(_rank_and_world) == (0, 2)
+    assert len(asked) == 1  # the slots were counted in the constructor, not again per run
+
+
 def _variable(name: str) -> str | None:
     return os.environ.get(name)  # read in the rank (os.environ.get would pickle the caller's)
 

@@ -30,12 +30,17 @@ def _ddp(steps: int = 2) -> Any:
 
 
 def destroy_then_return() -> int:
-    """The DDP tutorial: init, train, destroy the group, return a number."""
+    """The DDP tutorial: init, train, destroy the group, return a number.
+
+    The model stays in the frame until the function returns, so it is freed after the group was
+    destroyed: the shape of the gloo teardown deadlock (docs/reliability.md).
+    """
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
-    _ddp()
+    model = _ddp()
     dist.destroy_process_group()
+    del model  # freed here, after the destroy, as at the function's return
     return VALUE
 
 
@@ -72,9 +77,10 @@ def init_destroy_twice() -> int:
     """Two process groups one after the other in one function."""
     import torch.distributed as dist
 
+    models = []
     for _ in range(2):
         dist.init_process_group("gloo")
-        _ddp()
+        models.append(_ddp())  # each freed after its group was destroyed
         dist.destroy_process_group()
     return VALUE
 

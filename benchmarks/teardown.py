@@ -25,6 +25,7 @@ import sys
 import time
 from collections.abc import Sequence
 
+import stress_patterns
 from _common import leftover_processes, load_average, log, stop_strays, version_of
 
 ROWS = {
@@ -36,7 +37,8 @@ ROWS = {
 
 
 def tutorial(variant: str) -> int:
-    """The issue's function, after changing one thing in this rank (see the module doc)."""
+    """The issue's function (``stress_patterns.destroy_then_return``), after changing one thing
+    in this rank (see the module doc)."""
     import torch
     import torch.distributed as dist
     from torch.distributed import distributed_c10d
@@ -49,17 +51,7 @@ def tutorial(variant: str) -> int:
         torch._C._remove_obj_from_tls = lambda *args: None
     if variant == "fast_switch":
         sys.setswitchinterval(1e-5)
-    from torch.nn.parallel import DistributedDataParallel
-
-    dist.init_process_group("gloo")
-    model = DistributedDataParallel(torch.nn.Linear(8, 2))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    for _ in range(2):
-        optimizer.zero_grad()
-        model(torch.randn(4, 8)).sum().backward()
-        optimizer.step()
-    dist.destroy_process_group()
-    return 7
+    return stress_patterns.destroy_then_return()
 
 
 def measure(variant: str, runs: int, timeout: float) -> tuple[int, int, float]:
@@ -79,7 +71,7 @@ def measure(variant: str, runs: int, timeout: float) -> tuple[int, int, float]:
             failures += 1
             log(f"{variant}: {str(error).splitlines()[0]}")
             continue
-        failures += value.value != 7
+        failures += value.value != stress_patterns.VALUE
         times.append(time.monotonic() - started)
     return hangs, failures, statistics.median(times) if times else float("nan")
 

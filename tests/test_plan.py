@@ -224,7 +224,7 @@ def test_task_gpu_addresses_must_be_plain_integers() -> None:
 
     spec = NodeSpec(
         run_id="r", world_size=2, procs_per_node=1, use_gpu=True, threads=1, payload=None,
-        script=None, keep=frozenset(), with_data=False, attempt=0, options=RunOptions(),
+        script=None, keep=frozenset(), data_uri=None, attempt=0, options=RunOptions(),
     )  # fmt: skip
     assert _gpus(_Context(["3"]), spec) == ("3",)
     with pytest.raises(ValueError, match=r"\['GPU-1f2e'\] are not plain integers"):

@@ -226,3 +226,22 @@ def test_back_to_back_ddp_runs_never_hang_on_ray(ray_address: str) -> None:
         for _ in range(6)
     ]  # fmt: skip
     assert values == [stress_patterns.VALUE] * 6
+
+
+def _stream_ids(dataset: object) -> list[int]:
+    return [i for batch in dataset for i in batch["id"].tolist()]  # type: ignore[attr-defined]
+
+
+def test_streamed_parquet_on_ray(ray_address: str, tmp_path: Path) -> None:
+    import test_data
+    from sparktrain.data import from_parquet
+
+    path = test_data.write_ids(tmp_path / "data")
+    dataset = from_parquet(path, batch_size=64, columns=["id"])
+    result = launch(
+        _stream_ids, (dataset,), num_processes=2, backend="ray", ray_address=ray_address,
+        return_all=True,
+    )  # fmt: skip
+    shares = result.return_values
+    assert len(shares[0]) == len(shares[1]) == 501
+    assert set(shares[0]) | set(shares[1]) == set(range(test_data.ROWS))

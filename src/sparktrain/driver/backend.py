@@ -12,7 +12,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from sparktrain.driver.monitor import Monitor
 from sparktrain.errors import ConfigError
@@ -35,7 +35,7 @@ class Attempt:
         number: The attempt number (0 at first; one more per restart).
         monitor: Receives the ranks' reports; says when the caller asked to stop.
         extra_env: Variables of other contracts for every rank (MLflow's run).
-        dataframe: A Spark DataFrame whose rows are shared among the ranks, or ``None``.
+        data_uri: Where Spark cached the DataFrame whose rows the ranks share, or ``None``.
     """
 
     plan: LaunchPlan
@@ -44,7 +44,7 @@ class Attempt:
     number: int
     monitor: Monitor
     extra_env: dict[str, str] | None = None
-    dataframe: Any = None
+    data_uri: str | None = None
 
     def spec(
         self, *, channel: tuple[str, int] | None = None, secret: bytes | None = None
@@ -56,7 +56,7 @@ class Attempt:
             self.entry,
             attempt=self.number,
             extra_env=self.extra_env,
-            with_data=self.dataframe is not None,
+            data_uri=self.data_uri,
             channel=channel,
             secret=secret,
         )
@@ -95,8 +95,6 @@ class Backend(ABC):
     """Where the nodes of a run execute."""
 
     name: ClassVar[str]
-    #: Whether ranks can read a DataFrame's rows on this backend (``dataframe=``).
-    takes_dataframe: ClassVar[bool] = True
 
     @abstractmethod
     def layout(self, num_processes: object, *, use_gpu: object, name: str) -> LaunchPlan:

@@ -27,7 +27,6 @@ from sparktrain.driver.monitor import Monitor
 from sparktrain.driver.results import RunResult, finish
 from sparktrain.errors import (
     ClusterError,
-    ConfigError,
     TrainingFailedError,
     TrainingTimeoutError,
 )
@@ -77,22 +76,23 @@ class PreparedLaunch:
         self, entry: Entrypoint, dataframe: Any = None, monitor: Monitor | None = None
     ) -> RunResult:
         """:meth:`run` for an entrypoint already made (and checked)."""
-        if dataframe is not None and not self.backend.takes_dataframe:
-            raise ConfigError(
-                f"dataframe= is for backend='spark' or 'local', not {self.backend.name!r}."
-            )
+        data_uri = None
+        if dataframe is not None:  # Spark writes it once; every attempt's ranks read the cache
+            from sparktrain.data.cache import materialise
+
+            data_uri = materialise(dataframe, self.options.data_cache_dir)
         monitor = monitor or Monitor(
             progress=self.options.progress, on_report=self.options.on_report
         )
         try:
-            result = self._tracked(entry, dataframe, monitor)
+            result = self._tracked(entry, data_uri, monitor)
         finally:
             monitor.close()
         if monitor.error is not None:
             raise monitor.error
         return result
 
-    def _tracked(self, entry: Entrypoint, dataframe: Any, monitor: Monitor) -> RunResult:
+    def _tracked(self, entry: Entrypoint, data_uri: str | None, monitor: Monitor) -> RunResult:
         """The attempts inside the run's MLflow run, when tracking is on."""
         from sparktrain.tracking import driver
 
@@ -108,7 +108,7 @@ class PreparedLaunch:
         try:
             result = _with_restarts(
                 options.max_restarts,
-                lambda number: self._attempt(entry, number, extra, dataframe, monitor),
+                lambda number: self._attempt(entry, number, extra, data_uri, monitor),
             )
         except BaseException as error:
             if run is not None:
@@ -123,13 +123,13 @@ class PreparedLaunch:
         entry: Entrypoint,
         number: int,
         extra_env: dict[str, str] | None,
-        dataframe: Any,
+        data_uri: str | None,
         monitor: Monitor,
     ) -> RunResult:
         started = time.monotonic()
         attempt = Attempt(
             plan=self.plan, options=self.options, entry=entry, number=number, monitor=monitor,
-            extra_env=extra_env, dataframe=dataframe,
+            extra_env=extra_env, data_uri=data_uri,
         )  # fmt: skip
         nodes = self.backend.start(attempt)
         reports = follow(nodes, stop_grace=self.options.stop_grace, monitor=monitor)

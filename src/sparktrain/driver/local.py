@@ -40,7 +40,7 @@ class LocalBackend(Backend):
         return make_plan(num_processes, topology=topology, use_gpu=use_gpu, name=name)
 
     def start(self, attempt: Attempt) -> Nodes:
-        """Prepare the node (and the DataFrame's shares) and ask for its ranks."""
+        """Prepare the node and ask for its ranks."""
         return LocalNodes(attempt)
 
 
@@ -54,7 +54,6 @@ class LocalNodes(Nodes):
             spec = attempt.spec()
             run_dir = prepare_run_dir(spec, "run")
             self._cleanup.callback(shutil.rmtree, run_dir, ignore_errors=True)
-            shares = self._shares(attempt)
             listener = bind_rendezvous(LOOPBACK)
             self._cleanup.callback(listener.close)
             plan = attempt.plan
@@ -63,23 +62,13 @@ class LocalNodes(Nodes):
             self.node = NodeRun(
                 spec, place, run_dir=run_dir, listener=listener,
                 sink=LogSink(spec.options.log_ranks, monitor=attempt.monitor),
-                control=attempt.monitor, data_paths=shares,
+                control=attempt.monitor,
             )  # fmt: skip
             self._cleanup.callback(self.node.close)
             self.node.start()
         except BaseException:
             self._cleanup.close()
             raise
-
-    def _shares(self, attempt: Attempt) -> dict[int, str] | None:
-        if attempt.dataframe is None:
-            return None
-        from sparktrain.driver.local_data import local_shares
-
-        paths = self._cleanup.enter_context(
-            local_shares(attempt.dataframe, attempt.plan.world_size)
-        )
-        return dict(enumerate(paths))
 
     def poll(self, wait: float) -> Polled:
         """Run the node's agent for up to ``wait`` seconds; the report once it has ended.
@@ -98,5 +87,5 @@ class LocalNodes(Nodes):
             self.node.stop()
 
     def close(self) -> None:
-        """Release the agent, the fork server, the socket, the run directory and the shares."""
+        """Release the agent, the fork server, the socket, and the run directory."""
         self._cleanup.close()

@@ -130,7 +130,6 @@ class RayBackend(Backend):
     """One actor per node of a Ray cluster, placed by a placement group."""
 
     name: ClassVar[str] = "ray"
-    takes_dataframe: ClassVar[bool] = False
 
     def __init__(self, *, address: str | None = None) -> None:
         """Join the Ray this process uses, else ``ray.init(address=address)``."""

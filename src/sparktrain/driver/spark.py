@@ -150,26 +150,12 @@ def summarise_job_error(exc: BaseException) -> str:
     return text.splitlines()[0][:500] if text else type(exc).__name__
 
 
-def _partitioned(dataframe: Any, parts: int) -> tuple[Any, Any]:
-    """``dataframe`` in ``parts`` partitions, and a repartitioned fallback (or ``None``).
-
-    A DataFrame that already has ``parts`` partitions is used as it is (no shuffle). Barrier
-    stages refuse some lineages (a ``union`` or ``coalesce`` ancestor, SPARK-24820) when the job
-    is submitted, before any task runs; the fallback is then submitted instead.
-    """
-    with contextlib.suppress(Exception):  # Spark Connect has no .rdd: always repartition
-        if dataframe.rdd.getNumPartitions() == parts:
-            return dataframe, dataframe.repartition(parts)
-    return dataframe.repartition(parts), None
-
-
 class _Job:
     """The barrier job, run in a helper thread so the caller's thread can print and cancel."""
 
-    def __init__(self, session: Any, frame: Any, spec: NodeSpec, fallback: Any = None) -> None:
+    def __init__(self, session: Any, frame: Any, spec: NodeSpec) -> None:
         self.session = session
         self.frame = frame
-        self.fallback = fallback
         self.spec = spec
         self.tag = f"sparktrain-{spec.run_id}"
         self.rows: list[Any] | None = None
@@ -181,12 +167,7 @@ class _Job:
         try:
             self.session.addTag(self.tag)
             try:
-                try:
-                    self.rows = self.frame.mapInArrow(fn, SCHEMA, barrier=True).collect()
-                except Exception as exc:
-                    if self.fallback is None or "BarrierJobUnsupportedRDDChain" not in str(exc):
-                        raise
-                    self.rows = self.fallback.mapInArrow(fn, SCHEMA, barrier=True).collect()
+                self.rows = self.frame.mapInArrow(fn, SCHEMA, barrier=True).collect()
             finally:
                 self.session.removeTag(self.tag)
         except BaseException as exc:
@@ -231,11 +212,8 @@ class SparkNodes(RemoteNodes):
         super().__init__(attempt, _channel_host(session))
         try:
             plan = attempt.plan
-            if attempt.dataframe is None:
-                frame, fallback = session.range(0, plan.nodes, 1, plan.nodes), None
-            else:
-                frame, fallback = _partitioned(attempt.dataframe, plan.nodes)
-            self.job = _Job(session, frame, self.spec, fallback)
+            frame = session.range(0, plan.nodes, 1, plan.nodes)
+            self.job = _Job(session, frame, self.spec)
             self.job.thread.start()
         except BaseException:
             self.channel.close()

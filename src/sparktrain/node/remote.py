@@ -18,7 +18,6 @@ from sparktrain.node.outcome import RankExit
 from sparktrain.node.report import NodeReport
 from sparktrain.node.runner import NodeRun
 from sparktrain.node.spec import NodeSpec, Place
-from sparktrain.rank.paths import share_path
 
 
 class ChannelSink(LogSink):
@@ -46,7 +45,7 @@ def run_connected(
     Args:
         spec: The attempt, as every node sees it (with the driver's channel).
         place: Where this node is (index, host, rendezvous address, GPUs).
-        run_dir: This node's run directory (payload and data shares already written).
+        run_dir: This node's run directory (the payload already written).
         listener: Node 0's bound rendezvous socket (``None`` on other nodes); closed here.
     """
     if spec.channel is None or spec.secret is None:
@@ -66,11 +65,9 @@ def run_connected(
         def on_exit(ended: RankExit) -> None:
             channel.send({"kind": "exit", "rank": ended.rank, "code": ended.exit_code})
 
-        shares = {r: str(share_path(run_dir, r)) for r in ranks} if spec.with_data else None
         report = NodeRun(
             spec, place, run_dir=run_dir, listener=listener,
             sink=ChannelSink(channel, spec.options.log_ranks), control=channel, on_exit=on_exit,
-            data_paths=shares,
         ).run()  # fmt: skip
         channel.send({"kind": "bye", "node": place.node})
         return report

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 from sparktrain.node import warm
 from sparktrain.node.agent import NodeAgent
@@ -57,7 +57,6 @@ def rank_requests(
     place: Place,
     *,
     run_dir: str,
-    data_paths: Mapping[int, str] | None = None,
 ) -> list[RankRequest]:
     """One request per rank of the node at ``place``.
 
@@ -93,7 +92,7 @@ def rank_requests(
                 script=spec.script,
                 threads=None if env.user_set_threads(base) else spec.threads,
                 keep_value=rank in spec.keep,
-                data_path=(data_paths or {}).get(rank),
+                data_path=spec.data_uri,
                 hang_timeout=spec.options.hang_timeout,
             )
         )
@@ -113,7 +112,6 @@ class NodeRun:
         sink: LogSink,
         control: Control | None = None,
         on_exit: Callable[[RankExit], None] | None = None,
-        data_paths: Mapping[int, str] | None = None,
     ) -> None:
         """Prepare the node's ranks; nothing starts until :meth:`start` (or :meth:`run`).
 
@@ -126,10 +124,9 @@ class NodeRun:
             sink: Where the ranks' lines and reports go.
             control: Tells the node to stop (the driver's channel, or the caller's monitor).
             on_exit: Called with each rank's exit as soon as it is seen.
-            data_paths: Each rank's share of a DataFrame, by rank.
         """
         self.spec, self.place, self.run_dir, self.sink = spec, place, run_dir, sink
-        self.requests = rank_requests(spec, place, run_dir=run_dir, data_paths=data_paths)
+        self.requests = rank_requests(spec, place, run_dir=run_dir)
         options = spec.options
         try:
             self.server = warm.acquire(env.caller_environ())

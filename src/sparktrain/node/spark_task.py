@@ -2,8 +2,8 @@
 
 The driver ships a :class:`~sparktrain.node.spec.NodeSpec` in the task's closure. Task 0 binds
 the rendezvous port on its host and every task learns it through
-``BarrierTaskContext.allGather``, together with each task's row count (DataFrame runs) and any
-setup error, so that all tasks agree to start or not. Each task then runs the shared node code
+``BarrierTaskContext.allGather``, together with any setup error, so that all tasks agree to
+start or not. Each task then runs the shared node code
 (``remote.run_connected``): it forks its ranks from a fork server kept in the Python worker
 (warm for the next job when Spark reuses the worker), streams their lines to the driver over the
 authenticated channel, stops them when the driver says so, and returns a :class:`NodeReport` as
@@ -25,7 +25,6 @@ from sparktrain.node.remote import run_connected
 from sparktrain.node.report import NodeReport
 from sparktrain.node.runner import bind_rendezvous, prepare_run_dir
 from sparktrain.node.spec import NodeSpec, Place
-from sparktrain.rank.paths import share_path
 
 _GPU_ADDRESS = re.compile(r"^(0|[1-9][0-9]*)$")
 
@@ -59,7 +58,7 @@ def run_node(spec: NodeSpec, batches: Iterator[Any]) -> Iterator[Any]:
     hosts = [info.address.rsplit(":", 1)[0] for info in ctx.getTaskInfos()]
     run_dir = prepare_run_dir(spec, "task")
     try:
-        report = _run(spec, ctx, node=node, hosts=hosts, batches=batches, run_dir=run_dir)
+        report = _run(spec, ctx, node=node, hosts=hosts, run_dir=run_dir)
     except Exception as exc:  # never fail the barrier task: Spark would rerun the whole stage
         report = NodeReport.broken(node, hosts[node], f"{type(exc).__name__}: {exc}")
     finally:
@@ -67,49 +66,23 @@ def run_node(spec: NodeSpec, batches: Iterator[Any]) -> Iterator[Any]:
     yield pa.RecordBatch.from_pydict({"node": [node], "report": [cloudpickle.dumps(report)]})
 
 
-def _run(
-    spec: NodeSpec, ctx: Any, *, node: int, hosts: list[str], batches: Iterator[Any], run_dir: str
-) -> NodeReport:
-    from sparktrain.data import arrow
-
+def _run(spec: NodeSpec, ctx: Any, *, node: int, hosts: list[str], run_dir: str) -> NodeReport:
     host = hosts[node]
     listener: socket.socket | None = None
     error = None
-    shares: list[Any] = []
     try:
         gpus = _gpus(ctx, spec)
-        table = arrow.concat(batches)
-        if spec.with_data:
-            shares = arrow.split(table, spec.procs_per_node)
         if node == 0:
             listener = bind_rendezvous(host)
     except Exception as exc:
         gpus, error = (), f"{type(exc).__name__}: {exc}"
     port = listener.getsockname()[1] if listener is not None else None
-    mine = {"port": port, "rows": [s.num_rows for s in shares], "error": error}
-    gathered = [json.loads(m) for m in ctx.allGather(json.dumps(mine))]
+    gathered = [json.loads(m) for m in ctx.allGather(json.dumps({"port": port, "error": error}))]
     errors = [f"task {i} on {hosts[i]}: {g['error']}" for i, g in enumerate(gathered) if g["error"]]
     if errors:
         if listener is not None:
             listener.close()
         return NodeReport.not_started(node, host, errors)
-    if spec.with_data:
-        counts = [rows for g in gathered for rows in g["rows"]]
-        if min(counts) == 0:  # decided from every node's counts, so all nodes agree
-            if listener is not None:
-                listener.close()
-            return NodeReport.not_started(
-                node,
-                host,
-                [
-                    f"the DataFrame gave {min(counts)} rows to a rank (rows per rank: {counts}); "
-                    "it needs at least as many rows as there are ranks"
-                ],
-            )
-        target = max(counts)
-        first = node * spec.procs_per_node
-        paths = [str(share_path(run_dir, first + i)) for i in range(len(shares))]
-        arrow.write_shares(shares, target, paths, first)
     master = (hosts[0], gathered[0]["port"])
     place = Place(node, host, master, gpus)
     return run_connected(spec, place, run_dir=run_dir, listener=listener)

@@ -30,7 +30,7 @@ class NodeSpec:
         payload: The pickled function and arguments, or ``None`` for a script.
         script: The script, or ``None`` for a function.
         keep: Ranks whose return values come back.
-        with_data: Whether the node's ranks read DataFrame shares from its run directory.
+        data_uri: Where Spark cached the run's DataFrame (``train_on_dataframe``), or ``None``.
         attempt: The attempt number (0 at first).
         options: The run's options, without the caller's ``on_report``.
         extra_env: Variables of other contracts for every rank (MLflow's run).
@@ -46,7 +46,7 @@ class NodeSpec:
     payload: bytes | None
     script: ScriptEntry | None
     keep: frozenset[int]
-    with_data: bool
+    data_uri: str | None
     attempt: int
     options: RunOptions
     extra_env: dict[str, str] | None = None
@@ -87,7 +87,7 @@ def node_spec(
     *,
     attempt: int,
     extra_env: dict[str, str] | None = None,
-    with_data: bool = False,
+    data_uri: str | None = None,
     channel: tuple[str, int] | None = None,
     secret: bytes | None = None,
 ) -> NodeSpec:
@@ -103,7 +103,7 @@ def node_spec(
         payload=entry.payload if isinstance(entry, FunctionEntry) else None,
         script=entry if isinstance(entry, ScriptEntry) else None,
         keep=keep if function else frozenset(),
-        with_data=with_data,
+        data_uri=data_uri,
         attempt=attempt,
         options=options.for_nodes(),
         extra_env=extra_env,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
@@ -32,6 +33,16 @@ def _seconds_or_none(name: str, value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ConfigError(f"{name}={value!r} must be a positive number of seconds, or None.")
     return None if math.isinf(value) else float(value)
+
+
+def _folder_or_none(name: str, value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+        raise ConfigError(
+            f"{name}={value!r} must be a folder path or URL (e.g. 'dbfs:/tmp/c'), or None."
+        )
+    return str(os.fspath(value))
 
 
 def _seconds(name: str, value: object) -> float:
@@ -128,21 +139,29 @@ class RunOptions:
     """How a run behaves, whatever its layout; every front door takes these by name."""
 
     timeout: float | None = _option(
-        None, _seconds_or_none, "stop every rank after this many seconds and raise "
-        "TrainingTimeoutError (None: no limit)",
-    )  # fmt: skip
+        None,
+        _seconds_or_none,
+        "stop every rank after this many seconds and raise TrainingTimeoutError (None: no limit)",
+    )
     hang_timeout: float | None = _option(
-        None, _seconds_or_none, "seconds without a line or a sparktrain.report() from any rank "
+        None,
+        _seconds_or_none,
+        "seconds without a line or a sparktrain.report() from any rank "
         "after which the run is declared hung and where each rank waits is reported (None: off)",
-    )  # fmt: skip
+    )
     max_restarts: int = _option(
-        0, _restarts, "after a failure, stop every rank and start the whole group again, up to "
-        "this many times (timeouts are not restarted)", cli=int,
-    )  # fmt: skip
+        0,
+        _restarts,
+        "after a failure, stop every rank and start the whole group again, up to "
+        "this many times (timeouts are not restarted)",
+        cli=int,
+    )
     exit_grace: float = _option(
-        DEFAULT_EXIT_GRACE, _seconds, "seconds a rank that has returned gets to exit; it is "
+        DEFAULT_EXIT_GRACE,
+        _seconds,
+        "seconds a rank that has returned gets to exit; it is "
         "then killed with one warning line, and what it returned stands",
-    )  # fmt: skip
+    )
     stop_grace: float = _option(
         3.0, _seconds, "seconds between SIGTERM and SIGKILL when ranks are stopped"
     )
@@ -153,24 +172,43 @@ class RunOptions:
         False, _flag, "bring back every rank's return value, not only rank 0's", cli=None
     )
     mlflow: bool | None = _option(
-        None, _flag_or_none, "track the run in MLflow (None: when the caller has an active run)",
+        None,
+        _flag_or_none,
+        "track the run in MLflow (None: when the caller has an active run)",
         cli=bool,
-    )  # fmt: skip
+    )
     mlflow_strict: bool = _option(
         False, _flag, "raise, instead of warning, when the MLflow server cannot be used", cli=bool
     )
     progress: bool | None = _option(
-        None, _flag_or_none, "draw a progress bar from rank 0's sparktrain.report() calls (None: "
-        "when the output is a terminal or a notebook)", cli=bool,
-    )  # fmt: skip
+        None,
+        _flag_or_none,
+        "draw a progress bar from rank 0's sparktrain.report() calls (None: "
+        "when the output is a terminal or a notebook)",
+        cli=bool,
+    )
     env: Mapping[str, str] | None = _option(
-        None, _variables, "environment variables set in every rank, on top of the caller's "
-        "(on a cluster: the executor's), e.g. A=1,B=x", cli=_parse_variables,
-    )  # fmt: skip
+        None,
+        _variables,
+        "environment variables set in every rank, on top of the caller's "
+        "(on a cluster: the executor's), e.g. A=1,B=x",
+        cli=_parse_variables,
+    )
+    data_cache_dir: str | None = _option(
+        None,
+        _folder_or_none,
+        "where Spark writes a DataFrame given to train_on_dataframe (or "
+        "dataframe=) for the ranks to stream; every rank must read it (None: the Spark conf "
+        "spark.sparktrain.data.cacheDir, else a private temporary folder in local mode)",
+        cli=str,
+    )
     on_report: OnReport | None = _option(  # noqa: RUF009 - _option returns a dataclasses.field
-        None, _callback, "called as on_report(rank, record) for every report in the caller's "
-        "thread; returning True stops every rank", cli=None,
-    )  # fmt: skip
+        None,
+        _callback,
+        "called as on_report(rank, record) for every report in the caller's "
+        "thread; returning True stops every rank",
+        cli=None,
+    )
 
     def __post_init__(self) -> None:
         for item in dataclasses.fields(self):
@@ -211,6 +249,7 @@ class RunOptionsArgs(TypedDict, total=False):
     mlflow_strict: bool
     progress: bool | None
     env: Mapping[str, str] | None
+    data_cache_dir: str | None
     on_report: OnReport | None
 
 

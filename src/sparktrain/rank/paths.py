@@ -27,8 +27,3 @@ def error_path(run_dir: str, rank: int) -> Path:
 def stack_path(run_dir: str, rank: int) -> Path:
     """Where ``rank`` dumps its Python stacks on SIGUSR1."""
     return Path(run_dir) / f"rank-{rank}.stack"
-
-
-def share_path(run_dir: str, rank: int) -> Path:
-    """Where ``rank``'s share of a DataFrame lies (an Arrow IPC file)."""
-    return Path(run_dir) / f"share-{rank}.arrow"

@@ -1,0 +1,200 @@
+"""Arrow columns to torch tensors, without a Python loop over the rows.
+
+* Integer, floating and boolean columns become 1-D tensors (decimals become float64).
+* Lists of numbers (``array<...>``, fixed-size lists) become 2-D tensors when every row of the
+  chunk has the same length, and a list of 1-D tensors otherwise.
+* Spark ML vectors (dense or sparse) become dense 2-D float64 tensors (scattered with numpy).
+* Binary and string columns become Python lists, for a ``transform=`` to decode or tokenise.
+
+Anything else (maps, structs, dates, ...) is refused by :func:`check_schema` before training
+starts, naming the column. A null is an error naming the column and the row (file and position).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from sparktrain.errors import ConfigError
+
+_VECTOR_FIELDS = {"type", "size", "indices", "values"}
+
+
+def pyarrow() -> Any:
+    """The ``pyarrow`` module, or a :class:`ConfigError` with the install hint."""
+    try:
+        import pyarrow as pa
+    except ImportError as exc:
+        raise ConfigError(
+            "streaming data needs pyarrow: pip install 'sparktrain[data]' (or [spark])"
+        ) from exc
+    return pa
+
+
+def is_ml_vector(kind: Any) -> bool:
+    """Whether an Arrow type is how Spark stores an ML ``Vector`` (a 4-field struct)."""
+    pa = pyarrow()
+    if not pa.types.is_struct(kind):
+        return False
+    return {kind.field(i).name for i in range(kind.num_fields)} == _VECTOR_FIELDS
+
+
+def _is_number(kind: Any) -> bool:
+    pa = pyarrow()
+    types = pa.types
+    return bool(
+        types.is_integer(kind)
+        or types.is_floating(kind)
+        or types.is_boolean(kind)
+        or types.is_decimal(kind)
+    )
+
+
+def _is_list(kind: Any) -> bool:
+    pa = pyarrow()
+    return bool(
+        pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
+    )
+
+
+def _is_text(kind: Any) -> bool:
+    pa = pyarrow()
+    return bool(
+        pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or pa.types.is_binary(kind)
+        or pa.types.is_large_binary(kind)
+        or pa.types.is_fixed_size_binary(kind)
+    )
+
+
+def kind_of(kind: Any) -> str | None:
+    """``number``, ``list``, ``vector`` or ``text`` for a supported Arrow type, else ``None``."""
+    if _is_number(kind):
+        return "number"
+    if _is_list(kind) and _is_number(kind.value_type):
+        return "list"
+    if is_ml_vector(kind):
+        return "vector"
+    if _is_text(kind):
+        return "text"
+    return None
+
+
+def check_schema(schema: Any, columns: Sequence[str] | None, *, transform: bool) -> list[str]:
+    """The columns to read, checked against ``schema``; a :class:`ConfigError` names a bad one."""
+    names = list(schema.names)
+    chosen = list(columns) if columns is not None else names
+    missing = [c for c in chosen if c not in names]
+    if missing:
+        raise ConfigError(f"columns {missing} are not in the data; it has {names}.")
+    for name in chosen:
+        kind = schema.field(name).type
+        found = kind_of(kind)
+        if found is None:
+            raise ConfigError(
+                f"column {name!r} of type {kind} cannot become a tensor; leave it out with "
+                "columns=[...], or encode it as numbers, arrays, ML vectors, strings or binary."
+            )
+        if found == "text" and not transform:
+            raise ConfigError(
+                f"column {name!r} holds {kind} values; pass transform= to turn them into tensors "
+                "(decode images, tokenise text) or leave the column out with columns=[...]."
+            )
+    if not chosen:
+        raise ConfigError("no columns to read: columns=[] selects nothing.")
+    return chosen
+
+
+def _numpy(array: Any) -> Any:
+    return array.to_numpy(zero_copy_only=False)
+
+
+def _tensor(values: Any) -> Any:
+    import torch
+
+    with warnings.catch_warnings():  # Arrow's buffers are owned here and never shared
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(values)
+
+
+def _list_tensor(array: Any) -> Any:
+    import torch
+
+    pa = pyarrow()
+    if pa.types.is_fixed_size_list(array.type):
+        width = array.type.list_size
+        return _tensor(_numpy(array.flatten())).reshape(len(array), width)
+    lengths = _numpy(array.value_lengths())
+    flat = _tensor(_numpy(array.flatten()))
+    if len(lengths) and (lengths == lengths[0]).all():
+        return flat.reshape(len(array), int(lengths[0]))
+    if len(lengths) == 0:
+        return flat.reshape(0, 0)
+    return list(torch.split(flat, lengths.tolist()))
+
+
+def _vector_tensor(array: Any) -> Any:
+    """Dense float64 rows from Spark's vector struct (type 0 sparse, 1 dense)."""
+    import torch
+
+    pa = pyarrow()
+    rows = len(array)
+    fields = {array.type.field(i).name: child for i, child in enumerate(array.flatten())}
+    sparse = _numpy(fields["type"].fill_null(1)) == 0
+    sizes = _numpy(fields["size"].fill_null(0))
+    values = fields["values"]
+    lengths = _numpy(values.value_lengths().fill_null(0)).astype(np.int64)
+    width = int(max(sizes[sparse].max(initial=0), lengths[~sparse].max(initial=0)))
+    out = np.zeros((rows, width), dtype=np.float64)
+    flat = _numpy(values.flatten()).astype(np.float64, copy=False)
+    row_of = np.repeat(np.arange(rows), lengths)
+    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    cols = np.arange(len(flat)) - starts
+    if sparse.any():
+        sparse_values = np.repeat(sparse, lengths)
+        cols[sparse_values] = _numpy(pa.compute.list_flatten(fields["indices"]))
+    out[row_of, cols] = flat
+    return torch.from_numpy(out)
+
+
+def first_null(array: Any) -> int:
+    """The position of ``array``'s first null (``-1`` when it has none)."""
+    pa = pyarrow()
+    if array.null_count == 0:
+        return -1
+    return int(np.flatnonzero(_numpy(pa.compute.is_null(array)))[0])
+
+
+def to_tensors(table: Any, *, where: str = "", offset: int = 0) -> dict[str, Any]:
+    """Each column of ``table`` as a tensor (or a list, see the module doc), by name.
+
+    Args:
+        table: An Arrow table of supported columns (see :func:`check_schema`).
+        where: Where the rows come from (a file), for the null error.
+        offset: The position of ``table``'s first row in ``where``.
+    """
+    out: dict[str, Any] = {}
+    for name in table.column_names:
+        array = table[name].combine_chunks()
+        kind = kind_of(array.type)
+        null = first_null(array)
+        if null >= 0:
+            raise ConfigError(
+                f"column {name!r} is null at row {offset + null} of {where or 'the data'}; "
+                "fill or filter the nulls before training (for example df.na.drop())."
+            )
+        if kind == "number":
+            if pyarrow().types.is_decimal(array.type):  # Spark's decimals: float64
+                array = array.cast(pyarrow().float64())
+            out[name] = _tensor(_numpy(array))
+        elif kind == "list":
+            out[name] = _list_tensor(array)
+        elif kind == "vector":
+            out[name] = _vector_tensor(array)
+        else:
+            out[name] = array.to_pylist()
+    return out

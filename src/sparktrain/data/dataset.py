@@ -1,0 +1,255 @@
+"""``StreamingDataset``: a rank's share of Parquet, Delta or DataFrame rows, streamed as batches.
+
+Every rank of a run builds the same dataset (pass it to the training function, or build it
+inside); each finds its rank and world size from ``torch.distributed`` or the launch's
+environment, and reads only its share. Iterate it directly, or through :meth:`loader` for
+DataLoader workers; both count what was yielded so that :meth:`state_dict` resumes mid-epoch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from torch.utils.data import IterableDataset, get_worker_info
+
+from sparktrain.data import order
+from sparktrain.data.columns import check_schema
+from sparktrain.data.reader import Stream, batches
+from sparktrain.data.sources import Source
+from sparktrain.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where the next pass starts: the epoch, and the batches a DataLoader already took."""
+
+    epoch: int = 0
+    consumed: int = 0
+    workers: int = 0
+    loader_batch: int | None = None
+
+
+def _group() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _positive(name: str, value: object, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{name}={value!r} must be a positive whole number.")
+
+
+class StreamingDataset(IterableDataset[Any]):
+    """Batches (dicts of column name to tensor) of this rank's share, streamed from ``source``.
+
+    Build one with :func:`sparktrain.data.from_parquet`, :func:`~sparktrain.data.from_delta`
+    or :func:`~sparktrain.data.from_dataframe`; their options are described here.
+
+    Args:
+        source: The row groups to read.
+        batch_size: Rows per batch; ``None`` yields single rows (for a ``DataLoader`` that
+            batches, such as the Hugging Face ``Trainer``'s).
+        columns: The columns to read, in order (all by default).
+        shuffle: Shuffle row groups each epoch, and rows inside each window.
+        seed: The shuffle's seed; every rank must use the same one.
+        shuffle_buffer: Rows per shuffle window (memory: this many rows as tensors).
+        uneven: When the rows do not divide among the ranks: ``"pad"`` repeats rows from the
+            epoch's start, ``"drop"`` leaves the last ones out. Either way every rank yields the
+            same number of batches.
+        drop_last: Leave out each worker's last, short batch.
+        transform: Called on every batch (in the DataLoader worker) and its result yielded:
+            decode images, tokenise text (string and binary columns come as lists).
+        rank, world_size: Override the rank and group size found from the run.
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        *,
+        batch_size: int | None = 256,
+        columns: Sequence[str] | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        shuffle_buffer: int = 8192,
+        uneven: str = "pad",
+        drop_last: bool = False,
+        transform: Callable[[dict[str, Any]], Any] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
+        _positive("batch_size", batch_size, allow_none=True)
+        _positive("shuffle_buffer", shuffle_buffer)
+        if uneven not in order.UNEVEN:
+            raise ConfigError(f"uneven={uneven!r} must be one of {order.UNEVEN}.")
+        if transform is not None and not callable(transform):
+            raise ConfigError(f"transform={transform!r} must be a function of a batch dict.")
+        self.source = source
+        self.columns = tuple(check_schema(source.schema, columns, transform=transform is not None))
+        self.batch_size = batch_size
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.shuffle_buffer = shuffle_buffer
+        self.uneven = uneven
+        self.drop_last = bool(drop_last)
+        self.transform = transform
+        self._fixed = (rank, world_size)
+        self._resume = Resume()
+        self._pass = Resume()  # the current pass: batches handed out, and how
+
+    # -- the group ------------------------------------------------------------------------
+    def group(self) -> tuple[int, int]:
+        """This process's rank and the number of ranks sharing the data."""
+        rank, world = _group()
+        rank = self._fixed[0] if self._fixed[0] is not None else rank
+        world = self._fixed[1] if self._fixed[1] is not None else world
+        if not 0 <= rank < world:
+            raise ConfigError(f"rank={rank} must be in 0..{world - 1} (world_size={world}).")
+        return rank, world
+
+    def share(self) -> int:
+        """Rows this rank reads per epoch."""
+        return order.share_rows(self.source.rows, self.group()[1], self.uneven)
+
+    def worker_items(self, workers: int) -> list[int]:
+        """Batches (or rows) each of ``workers`` streams yields per epoch (one for none)."""
+        share, count = self.share(), max(workers, 1)
+        return [
+            order.items(hi - lo, self.batch_size, self.drop_last)
+            for lo, hi in (order.worker_range(share, count, w) for w in range(count))
+        ]
+
+    def __len__(self) -> int:
+        """Batches (or rows) this rank yields per epoch when iterated without workers."""
+        return self.worker_items(0)[0]
+
+    # -- the epoch and resumption ------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        """The epoch the next pass reads."""
+        return self._resume.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read epoch ``epoch``'s order next (a pass that ends moves on to the next by itself)."""
+        if not isinstance(epoch, int) or epoch < 0:
+            raise ConfigError(f"set_epoch({epoch!r}): the epoch must be a whole number >= 0.")
+        if epoch != self._resume.epoch:
+            self._resume, self._pass = Resume(epoch=epoch), Resume()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this rank is: save it in a checkpoint; :meth:`load_state_dict` resumes there."""
+        world = self.group()[1]
+        now = self._pass if self._pass.consumed else self._resume
+        return {
+            "epoch": self._resume.epoch,
+            "consumed": self._resume.consumed + self._pass.consumed,
+            "workers": now.workers,
+            "loader_batch": now.loader_batch,
+            "seed": self.seed,
+            "batch_size": self.batch_size,
+            "world_size": world,
+            "rows": self.source.rows,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume at the next batch the saved run had not yet yielded."""
+        _, world = self.group()
+        expected = {
+            "seed": self.seed,
+            "batch_size": self.batch_size,
+            "world_size": world,
+            "rows": self.source.rows,
+        }
+        wrong = {k: (state.get(k), v) for k, v in expected.items() if state.get(k) != v}
+        if wrong:
+            detail = ", ".join(f"{k} was {a!r}, now {b!r}" for k, (a, b) in wrong.items())
+            raise ConfigError(
+                f"the saved data state does not fit this dataset ({detail}); resume "
+                "with the same data, seed, batch size and number of ranks."
+            )
+        self._resume = Resume(
+            int(state["epoch"]),
+            int(state["consumed"]),
+            int(state["workers"]),
+            state.get("loader_batch"),
+        )
+        self._pass = Resume()
+
+    # -- counting (by the process that hands the batches out) ------------------------------
+    def _begin(self, workers: int, loader_batch: int | None) -> None:
+        """A new pass starts at the resume point (an abandoned pass leaves it where it was)."""
+        self._pass = Resume(self._resume.epoch, 0, workers, loader_batch)
+
+    def _count(self) -> None:
+        self._pass = replace(self._pass, consumed=self._pass.consumed + 1)
+
+    def _end(self) -> None:
+        """The pass read the epoch to its end: the next one reads the next epoch."""
+        self._resume, self._pass = Resume(epoch=self._resume.epoch + 1), Resume()
+
+    # -- iteration -------------------------------------------------------------------------
+    def stream(self, slot: int, workers: int) -> Stream:
+        """The stream that DataLoader worker ``slot`` of ``workers`` reads (``0, 0``: none)."""
+        rank = self.group()[0]
+        resume, count = self._resume, max(workers, 1)
+        if resume.consumed and resume.workers != workers:
+            raise ConfigError(
+                f"the saved data state was read with num_workers={resume.workers}; "
+                f"resume with the same, not {workers}."
+            )
+        taken, turn = [0] * count, 0
+        if resume.consumed:
+            per_loader = 1 if self.batch_size is not None else (resume.loader_batch or 1)
+            counts = [-(-n // per_loader) for n in self.worker_items(workers)]
+            taken, turn = order.split_consumed(resume.consumed, counts)
+            taken = [t * per_loader for t in taken]
+        logical = (turn + slot) % count
+        lo, hi = order.worker_range(self.share(), count, logical)
+        skip_items = min(taken[logical], self.worker_items(workers)[logical])
+        rows = skip_items * (self.batch_size or 1)
+        return Stream(
+            source=self.source,
+            columns=self.columns,
+            epoch=resume.epoch,
+            seed=self.seed,
+            rank=rank,
+            worker=logical,
+            shuffle=self.shuffle,
+            first=rank * self.share() + lo,
+            stop=rank * self.share() + hi,
+            window=self.shuffle_buffer,
+            batch_size=self.batch_size,
+            drop_last=self.drop_last,
+            skip=min(rows, hi - lo),
+        )
+
+    def __iter__(self) -> Iterator[Any]:
+        """This rank's batches for the current epoch (this worker's, inside a DataLoader)."""
+        info = get_worker_info()
+        if info is not None:  # a DataLoader worker: the loader in the caller counts
+            yield from self._produce(self.stream(info.id, info.num_workers))
+            return
+        stream = self.stream(0, 0)
+        self._begin(0, None)
+        for item in self._produce(stream):
+            self._count()
+            yield item
+        self._end()
+
+    def _produce(self, stream: Stream) -> Iterator[Any]:
+        transform = self.transform
+        for batch in batches(stream):
+            yield transform(batch) if transform is not None else batch
+
+    def loader(self, num_workers: int = 0, **options: Any) -> Any:
+        """A DataLoader over this dataset that keeps :meth:`state_dict` exact (``loader.py``)."""
+        from sparktrain.data.loader import StreamingLoader
+
+        return StreamingLoader(self, num_workers=num_workers, **options)

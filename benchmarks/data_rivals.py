@@ -16,7 +16,8 @@ The data are those of ``data.py`` (``features`` list<float32> of 784, ``label`` 
   shard through ``converter.make_torch_dataloader(batch_size, num_epochs=1, cur_shard=r,
   shard_count=ranks)`` (its defaults: a pool of reader threads inside the rank's process).
 * mosaic: the rows are written as MDS shards with ``MDSWriter`` (``materialise_s``); then
-  ``--ranks`` processes at once (``RANK``/``WORLD_SIZE``/``LOCAL_*`` set) each read one epoch of
+  ``--ranks`` processes at once (``RANK``/``WORLD_SIZE``/``LOCAL_*`` and a loopback
+  ``MASTER_ADDR``/``MASTER_PORT`` set: Streaming starts a gloo group) each read one epoch of
   ``StreamingDataset(local=..., batch_size, shuffle=True)`` through a ``DataLoader`` with no
   workers.
 
@@ -65,6 +66,7 @@ def setup(name: str) -> dict[str, Any]:
     env = dict(os.environ)
     if name == "mosaic":  # the PyPI torch that matches PyPI's torchvision, not the local wheel
         env.update(PIP_CONFIG_FILE="/dev/null", PIP_CONSTRAINT="")
+        env.pop("PIP_FIND_LINKS", None)
     for packages in INSTALL[name]:
         done = subprocess.run(
             [str(python), "-m", "pip", "install", "-q", *packages],
@@ -143,11 +145,12 @@ def petastorm(parquet: str, ranks: int, batch: int, work: Path) -> dict[str, Any
     return {"materialise_s": materialise, "ranks": results}
 
 
-def _mosaic_rank(local: str, rank: int, ranks: int, batch: int, out: Any) -> None:
+def _mosaic_rank(where: tuple[str, int], rank: int, ranks: int, batch: int, out: Any) -> None:
+    local, port = where
     try:
-        os.environ.update(
-            RANK=str(rank), WORLD_SIZE=str(ranks), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(ranks)
-        )
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(ranks), LOCAL_RANK=str(rank))
+        os.environ.update(LOCAL_WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1")
+        os.environ["MASTER_PORT"] = str(port)
         import torch
         from streaming import StreamingDataset
         from torch.utils.data import DataLoader
@@ -184,11 +187,19 @@ def mosaic(parquet: str, ranks: int, batch: int, work: Path) -> dict[str, Any]:
                     writer.write({"features": np.ascontiguousarray(row), "label": int(label)})
     materialise = time.perf_counter() - started
     try:
-        results = _at_once(_mosaic_rank, (str(local),), ranks, batch)
+        results = _at_once(_mosaic_rank, ((str(local), _free_port()),), ranks, batch)
     finally:
         clean_stale_shared_memory()
         shutil.rmtree(local, ignore_errors=True)
     return {"materialise_s": materialise, "ranks": results}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def _at_once(target: Any, args: tuple[Any, ...], ranks: int, batch: int) -> list[dict[str, Any]]:

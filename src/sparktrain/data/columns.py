@@ -110,7 +110,11 @@ def check_schema(schema: Any, columns: Sequence[str] | None, *, transform: bool)
 
 
 def _numpy(array: Any) -> Any:
-    return array.to_numpy(zero_copy_only=False)
+    """``array`` as numpy: a view when Arrow allows one, else a copy (booleans)."""
+    try:
+        return array.to_numpy(zero_copy_only=True)
+    except pyarrow().ArrowInvalid:
+        return array.to_numpy(zero_copy_only=False)
 
 
 def _tensor(values: Any) -> Any:
@@ -128,7 +132,7 @@ def _list_tensor(array: Any) -> Any:
     if pa.types.is_fixed_size_list(array.type):
         width = array.type.list_size
         return _tensor(_numpy(array.flatten())).reshape(len(array), width)
-    lengths = _numpy(array.value_lengths())
+    lengths = np.diff(_numpy(array.offsets))  # value_lengths would import pyarrow.compute
     flat = _tensor(_numpy(array.flatten()))
     if len(lengths) and (lengths == lengths[0]).all():
         return flat.reshape(len(array), int(lengths[0]))
@@ -179,7 +183,8 @@ def to_tensors(table: Any, *, where: str = "", offset: int = 0) -> dict[str, Any
     """
     out: dict[str, Any] = {}
     for name in table.column_names:
-        array = table[name].combine_chunks()
+        column = table[name]
+        array = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
         kind = kind_of(array.type)
         null = first_null(array)
         if null >= 0:

@@ -16,7 +16,7 @@ from sparktrain.data import order
 from sparktrain.data.columns import pyarrow, to_tensors
 from sparktrain.data.sources import Source, Unit
 
-CHUNK_ROWS = 1024
+CHUNK_ROWS = 256  # decoded rows at a time: small enough to stay in the CPU cache
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,10 @@ def read_unit(
     stored = [c for c in columns if c not in constants]
     handle = pq.ParquetFile(unit.file, filesystem=source.filesystem, pre_buffer=False)
     batches = handle.iter_batches(
-        batch_size=chunk, row_groups=[unit.row_group], columns=stored, use_threads=False
+        batch_size=chunk,
+        row_groups=[unit.row_group],
+        columns=stored,
+        use_threads=False,  # one core per rank: threads only contend with the other ranks
     )
     for batch in batches:
         table = pa.Table.from_batches([batch])
@@ -127,14 +130,10 @@ def _concat(parts: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in parts[0]:
         values = [p[name] for p in parts]
-        if isinstance(values[0], torch.Tensor) and all(
-            isinstance(v, torch.Tensor) and v.shape[1:] == values[0].shape[1:] for v in values
-        ):
+        if all(isinstance(v, torch.Tensor) and v.shape[1:] == values[0].shape[1:] for v in values):
             out[name] = torch.cat(values)
         else:  # lists, or lists of numbers whose width changed between groups
-            out[name] = [
-                row for v in values for row in (list(v) if isinstance(v, torch.Tensor) else v)
-            ]
+            out[name] = [row for v in values for row in v]
     return out
 
 
@@ -142,105 +141,144 @@ def _length(batch: dict[str, Any]) -> int:
     return len(next(iter(batch.values())))
 
 
-def _assemble(chunks: list[dict[str, Any]], perm: np.ndarray | None) -> dict[str, Any]:
-    """One window from its chunks, each row written once to its shuffled place."""
+class _Window:
+    """One window of rows, in buffers reused from window to window.
+
+    Batches are gathered out of it (copies), so no tensor handed out points into a buffer, and
+    reusing the buffers costs no new memory: the window is the same few MB all epoch long.
+    """
+
+    def __init__(self) -> None:
+        self.buffers: dict[str, Any] = {}
+
+    def fill(self, chunks: list[dict[str, Any]]) -> dict[str, Any]:
+        """The chunks' rows, one after the other (tensors in the reused buffers, or lists)."""
+        import torch
+
+        if not chunks:
+            return {}
+        total = sum(_length(c) for c in chunks)
+        out: dict[str, Any] = {}
+        for name in chunks[0]:
+            values = [c[name] for c in chunks]
+            first = values[0]
+            if not all(
+                isinstance(v, torch.Tensor)
+                and v.shape[1:] == first.shape[1:]
+                and v.dtype == first.dtype
+                for v in values
+            ):
+                out[name] = [row for v in values for row in v]
+                continue
+            buffer = self.buffers.get(name)
+            if (
+                buffer is None
+                or buffer.shape[1:] != first.shape[1:]
+                or buffer.dtype != first.dtype
+                or len(buffer) < total
+            ):
+                buffer = self.buffers[name] = torch.empty(
+                    (total, *first.shape[1:]), dtype=first.dtype
+                )
+            torch.cat(values, out=buffer[:total]) if len(values) > 1 else buffer[:total].copy_(
+                first
+            )
+            out[name] = buffer[:total]
+        return out
+
+
+class _Taker:
+    """Rows ``a .. b - 1`` of a block in its order: a gathered copy, or views when in order."""
+
+    def __init__(self, rows: dict[str, Any], order_of: np.ndarray | None) -> None:
+        self.rows, self.order_of = rows, order_of
+        self.length = _length(rows) if order_of is None else len(order_of)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __call__(self, start: int, stop: int) -> dict[str, Any]:
+        if self.order_of is None:
+            return {k: v[start:stop] for k, v in self.rows.items()}
+        return _gather(self.rows, self.order_of[start:stop])
+
+
+def _gather(rows: dict[str, Any], index: np.ndarray) -> dict[str, Any]:
+    """A batch: the rows at ``index``, copied out of the window."""
     import torch
 
-    if not chunks:
-        return {}
-    total = sum(_length(c) for c in chunks)
-    target = None if perm is None else torch.from_numpy(np.argsort(perm))
-    out: dict[str, Any] = {}
-    for name in chunks[0]:
-        values = [c[name] for c in chunks]
-        first = values[0]
-        if not all(
-            isinstance(v, torch.Tensor)
-            and v.shape[1:] == first.shape[1:]
-            and v.dtype == first.dtype
-            for v in values
-        ):
-            rows = [row for v in values for row in _rows(v)]
-            out[name] = rows if perm is None else [rows[i] for i in perm]
-            continue
-        if target is None and len(values) == 1:
-            out[name] = first
-            continue
-        window = torch.empty((total, *first.shape[1:]), dtype=first.dtype)
-        position = 0
-        for value in values:
-            rows_here = len(value)
-            if target is None:
-                window[position : position + rows_here] = value
-            else:
-                window[target[position : position + rows_here]] = value
-            position += rows_here
-        out[name] = window
-    return out
+    picked = torch.from_numpy(index)
+    return {
+        k: v.index_select(0, picked) if isinstance(v, torch.Tensor) else [v[i] for i in index]
+        for k, v in rows.items()
+    }
 
 
-def _rows(value: Any) -> list[Any]:
-    return list(value)
+def windows(stream: Stream) -> Iterator[tuple[dict[str, Any], np.ndarray | None]]:
+    """The worker's windows from the first unconsumed row: the rows, and the order to take them.
 
-
-def windows(stream: Stream) -> Iterator[dict[str, Any]]:
-    """The worker's rows, a (shuffled) window at a time, from the first row not yet consumed."""
+    Shuffled, a window's rows are copied into reused buffers and taken in a permuted order
+    (batches are gathered copies). In order, each decoded chunk is a block of its own, taken as
+    it is (``None``): batches are views of it, or joined copies where they straddle two chunks.
+    """
     source = stream.source
     unit_rows = [u.rows for u in source.units]
     units = order.unit_order(
         len(unit_rows), seed=stream.seed, epoch=stream.epoch, shuffle=stream.shuffle
     )
     cursor = _Cursor(source, stream.columns)
+    window = _Window()
     size = stream.stop - stream.first
     start_window, offset = divmod(stream.skip, stream.window)
     for number in range(start_window, -(-size // stream.window)):
         lo = stream.first + number * stream.window
         hi = min(lo + stream.window, stream.stop)
-        chunks = [c for p in order.pieces(units, unit_rows, lo, hi) for c in cursor.read(p)]
-        perm = None
-        if stream.shuffle:
-            perm = order.window_permutation(
-                hi - lo,
-                seed=stream.seed, epoch=stream.epoch, rank=stream.rank, worker=stream.worker,
-                window=number,
-            )  # fmt: skip
-        rows = _assemble(chunks, perm)
-        if number == start_window and offset:
-            rows = {k: _slice(v, offset, None) for k, v in rows.items()}
-        yield rows
+        pieces = order.pieces(units, unit_rows, lo, hi)
+        skip = offset if number == start_window else 0
+        if not stream.shuffle:  # in order: the decoded chunks themselves, sliced (no copy)
+            for chunk in (c for p in pieces for c in cursor.read(p)):
+                length = _length(chunk)
+                if length > skip:
+                    yield chunk, None if skip == 0 else np.arange(skip, length)
+                skip = max(0, skip - length)
+            continue
+        chunks = [c for p in pieces for c in cursor.read(p)]
+        rows = window.fill(chunks)
+        del chunks
+        taking = order.window_permutation(
+            hi - lo,
+            seed=stream.seed, epoch=stream.epoch, rank=stream.rank, worker=stream.worker,
+            window=number,
+        )  # fmt: skip
+        yield rows, taking[skip:]
 
 
 def batches(stream: Stream) -> Iterator[dict[str, Any]]:
     """The worker's batches (or rows, without a batch size), from the first not yet consumed."""
     size = stream.batch_size
     carry: dict[str, Any] | None = None
-    for rows in windows(stream):
-        length = _length(rows)
+    for rows, order_of in windows(stream):
+        take = _Taker(rows, order_of)
         if size is None:
-            columns = list(rows.items())
-            for i in range(length):
-                yield {k: v[i] for k, v in columns}
+            for start in range(0, len(take), 1024):
+                part = take(start, start + 1024)
+                columns = list(part.items())
+                for i in range(_length(part)):
+                    yield {k: v[i] for k, v in columns}
             continue
         position = 0
         if carry is not None:
             need = size - _length(carry)
-            head = {k: _slice(v, 0, need) for k, v in rows.items()}
-            carry = _concat([carry, head])
-            position = min(need, length)
+            carry = _concat([carry, take(0, need)])
+            position = min(need, len(take))
             if _length(carry) < size:
                 continue
             yield carry
             carry = None
-        while position + size <= length:
-            yield {k: _slice(v, position, position + size) for k, v in rows.items()}
+        while position + size <= len(take):
+            yield take(position, position + size)
             position += size
-        if position < length:  # a copy: the window itself can then be freed
-            carry = {k: _copy(_slice(v, position, None)) for k, v in rows.items()}
+        if position < len(take):  # taken now: a shuffled window's buffers are reused next
+            carry = take(position, len(take))
     if carry is not None and not stream.drop_last:
         yield carry
-
-
-def _copy(value: Any) -> Any:
-    import torch
-
-    return value.clone() if isinstance(value, torch.Tensor) else list(value)

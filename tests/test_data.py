@@ -85,6 +85,11 @@ def test_epochs_differ_and_seed_repeats(tmp_path: Path) -> None:
     assert epoch_ids(other_seed) != first
     in_order = epoch_ids(from_parquet(path, batch_size=16, world_size=1, shuffle=False))
     assert [i for b in in_order for i in b] == list(range(ROWS))
+    for shuffle in (False, True):  # batches longer than a decoded chunk (256 rows)
+        big = epoch_ids(from_parquet(path, batch_size=700, world_size=1, shuffle=shuffle))
+        assert [len(b) for b in big] == [700, 301]
+        flat = [i for b in big for i in b]
+        assert flat == list(range(ROWS)) if not shuffle else sorted(flat) == list(range(ROWS))
 
 
 @pytest.mark.parametrize("workers", [0, 2])

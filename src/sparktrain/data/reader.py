@@ -256,7 +256,8 @@ def windows(stream: Stream) -> Iterator[tuple[dict[str, Any], np.ndarray | None]
 def batches(stream: Stream) -> Iterator[dict[str, Any]]:
     """The worker's batches (or rows, without a batch size), from the first not yet consumed."""
     size = stream.batch_size
-    carry: dict[str, Any] | None = None
+    pending: list[dict[str, Any]] = []  # the start of the next batch, joined once when full
+    have = 0
     for rows, order_of in windows(stream):
         take = _Taker(rows, order_of)
         if size is None:
@@ -267,18 +268,18 @@ def batches(stream: Stream) -> Iterator[dict[str, Any]]:
                     yield {k: v[i] for k, v in columns}
             continue
         position = 0
-        if carry is not None:
-            need = size - _length(carry)
-            carry = _concat([carry, take(0, need)])
-            position = min(need, len(take))
-            if _length(carry) < size:
+        if pending:
+            need = min(size - have, len(take))
+            pending.append(take(0, need))
+            have, position = have + need, need
+            if have < size:
                 continue
-            yield carry
-            carry = None
+            yield _concat(pending)
+            pending, have = [], 0
         while position + size <= len(take):
             yield take(position, position + size)
             position += size
         if position < len(take):  # taken now: a shuffled window's buffers are reused next
-            carry = take(position, len(take))
-    if carry is not None and not stream.drop_last:
-        yield carry
+            pending, have = [take(position, len(take))], len(take) - position
+    if pending and not stream.drop_last:
+        yield _concat(pending)

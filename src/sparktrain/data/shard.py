@@ -55,10 +55,13 @@ def rank_dataset() -> ShardDataset:
 
     For data larger than memory use :func:`rank_dataloader`, which streams.
     """
-    probe = _dataset(batch_size=1, shuffle=False)
-    share = probe.share()
-    whole = _dataset(batch_size=share, shuffle=False, shuffle_buffer=share)
-    return ShardDataset(next(iter(whole)))
+    import torch
+
+    parts = list(_dataset(batch_size=65536, shuffle=False))
+    return ShardDataset(
+        {k: torch.cat([p[k] for p in parts]) if isinstance(parts[0][k], torch.Tensor)
+         else [row for p in parts for row in p[k]] for k in parts[0]}
+    )  # fmt: skip
 
 
 def _as_tuple(batch: dict[str, Any]) -> tuple[Any, ...]:

@@ -53,6 +53,8 @@ def run_node(spec: NodeSpec, batches: Iterator[Any]) -> Iterator[Any]:
     import pyarrow as pa
     from pyspark import BarrierTaskContext
 
+    for _ in batches:  # the task's one input row: read it all, or the task's end waits on it
+        pass
     ctx = BarrierTaskContext.get()
     node = ctx.partitionId()
     hosts = [info.address.rsplit(":", 1)[0] for info in ctx.getTaskInfos()]

@@ -75,7 +75,7 @@ def rank_dataloader(
 
     Args:
         batch_size: Rows per batch.
-        shuffle: Shuffle each epoch (row groups, and rows within a window of 8192).
+        shuffle: Shuffle each epoch (row groups, and rows within a window of 2048).
         seed: The shuffle's seed.
         **options: ``StreamingLoader`` (``DataLoader``) options such as ``num_workers``.
     """

@@ -66,3 +66,24 @@ def test_unknown_attribute() -> None:
         assert "TorchDistributer" in str(exc)
     else:
         raise AssertionError("expected AttributeError")
+
+
+def test_the_spark_ml_package_loads_pyspark_only_when_used() -> None:
+    code = "import sys, sparktrain.spark as s; print('pyspark' in sys.modules, sorted(s.__all__))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False ['FitContext', 'TorchEstimator', 'TorchModel', 'predict']"
+
+
+def test_the_spark_ml_package_without_pyspark_says_what_to_install() -> None:
+    code = (
+        "import sys; sys.modules['pyspark'] = None\n"
+        "from sparktrain import ConfigError\n"
+        "try:\n"
+        "    from sparktrain.spark import TorchEstimator\n"
+        "except ConfigError as e:\n"
+        "    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == (
+        "sparktrain.spark.TorchEstimator needs pyspark: pip install 'sparktrain[spark]'"
+    )

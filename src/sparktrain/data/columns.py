@@ -145,7 +145,6 @@ def _vector_tensor(array: Any) -> Any:
     """Dense float64 rows from Spark's vector struct (type 0 sparse, 1 dense)."""
     import torch
 
-    pa = pyarrow()
     rows = len(array)
     fields = {array.type.field(i).name: child for i, child in enumerate(array.flatten())}
     sparse = _numpy(fields["type"].fill_null(1)) == 0
@@ -160,17 +159,30 @@ def _vector_tensor(array: Any) -> Any:
     cols = np.arange(len(flat)) - starts
     if sparse.any():
         sparse_values = np.repeat(sparse, lengths)
-        cols[sparse_values] = _numpy(pa.compute.list_flatten(fields["indices"]))
+        cols[sparse_values] = _numpy(fields["indices"].flatten())
     out[row_of, cols] = flat
     return torch.from_numpy(out)
 
 
 def first_null(array: Any) -> int:
     """The position of ``array``'s first null (``-1`` when it has none)."""
-    pa = pyarrow()
     if array.null_count == 0:
         return -1
-    return int(np.flatnonzero(_numpy(pa.compute.is_null(array)))[0])
+    return int(np.flatnonzero(_numpy(array.is_null()))[0])
+
+
+def column_tensor(array: Any) -> Any:
+    """One Arrow array without nulls as a tensor, or a list (ragged lists, text; module doc)."""
+    kind = kind_of(array.type)
+    if kind == "number":
+        if pyarrow().types.is_decimal(array.type):  # Spark's decimals: float64
+            array = array.cast(pyarrow().float64())
+        return _tensor(_numpy(array))
+    if kind == "list":
+        return _list_tensor(array)
+    if kind == "vector":
+        return _vector_tensor(array)
+    return array.to_pylist()
 
 
 def to_tensors(table: Any, *, where: str = "", offset: int = 0) -> dict[str, Any]:
@@ -185,21 +197,11 @@ def to_tensors(table: Any, *, where: str = "", offset: int = 0) -> dict[str, Any
     for name in table.column_names:
         column = table[name]
         array = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
-        kind = kind_of(array.type)
         null = first_null(array)
         if null >= 0:
             raise ConfigError(
                 f"column {name!r} is null at row {offset + null} of {where or 'the data'}; "
                 "fill or filter the nulls before training (for example df.na.drop())."
             )
-        if kind == "number":
-            if pyarrow().types.is_decimal(array.type):  # Spark's decimals: float64
-                array = array.cast(pyarrow().float64())
-            out[name] = _tensor(_numpy(array))
-        elif kind == "list":
-            out[name] = _list_tensor(array)
-        elif kind == "vector":
-            out[name] = _vector_tensor(array)
-        else:
-            out[name] = array.to_pylist()
+        out[name] = column_tensor(array)
     return out

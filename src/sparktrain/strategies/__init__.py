@@ -15,6 +15,7 @@ from sparktrain.strategies.prepare import (
     backward,
     device,
     full_state_dict,
+    plain_module,
     prepare_model,
     prepare_optimizer,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "device",
     "full_state_dict",
     "held_bytes",
+    "plain_module",
     "prepare_data_loader",
     "prepare_model",
     "prepare_optimizer",

@@ -249,3 +249,19 @@ def full_state_dict(model: Any) -> dict[str, Any]:
     options = StateDictOptions(full_state_dict=True, cpu_offload=False)
     state: dict[str, Any] = dict(get_model_state_dict(model, options=options))
     return {k: v.detach().cpu() if hasattr(v, "detach") else v for k, v in state.items()}
+
+
+def plain_module(model: Any) -> Any:
+    """``model`` as a plain module with whole weights, loadable without a process group.
+
+    DDP, FSDP1 and sparktrain's ZeRO-1/2 wrappers are unwrapped; FSDP2 and ZeRO-3 modules are
+    rebuilt from their gathered state, which is a collective: call it on every rank.
+    """
+    skeleton = getattr(model, "_sparktrain_skeleton", None)
+    if skeleton is not None:  # FSDP2 / ZeRO-3: rebuild from the gathered state
+        state = full_state_dict(model)
+        plain = copy.deepcopy(skeleton).to_empty(device="cpu")
+        plain.load_state_dict(state)
+        return plain
+    module = getattr(model, "module", model)  # DDP, FSDP1, sparktrain's ZeRO-1/2 model
+    return getattr(module, "module", module)

@@ -7,7 +7,6 @@ so the training code is the same with and without tracking.
 
 from __future__ import annotations
 
-import copy
 import os
 import time
 from collections.abc import Mapping
@@ -53,33 +52,31 @@ def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
     client.log_batch(run_id, metrics=batch)
 
 
-def _plain_module(model: Any) -> Any:
-    """The model as a plain module with whole weights (a collective for sharded models)."""
-    from sparktrain.strategies import full_state_dict
-
-    skeleton = getattr(model, "_sparktrain_skeleton", None)
-    if skeleton is not None:  # FSDP2 / ZeRO-3: rebuild from the gathered state
-        state = full_state_dict(model)
-        plain = copy.deepcopy(skeleton).to_empty(device="cpu")
-        plain.load_state_dict(state)
-        return plain
-    module = getattr(model, "module", model)  # DDP, FSDP1, sparktrain's ZeRO-1/2 model
-    return getattr(module, "module", module)
-
-
-def log_model(model: Any, name: str = "model", **options: Any) -> None:
+def log_model(model: Any, name: str = "model", **options: Any) -> str | None:
     """Log ``model`` unwrapped, loadable without a process group; call it on every rank.
 
     Sharded models (FSDP, ZeRO-3) are gathered first, which needs every rank; rank 0 logs.
     ``options`` go to ``mlflow.pytorch.log_model`` (pickle format unless you say otherwise).
+    Pass ``input_example=`` (a few rows of the model's input, a tensor or an array) to record
+    the model's signature: ``mlflow.pyfunc.spark_udf`` and model serving need it to turn a
+    DataFrame's array column into the model's input.
+
+    Returns:
+        On rank 0 (tracking on), the logged model's URI; elsewhere ``None``.
     """
-    plain = _plain_module(model)
+    from sparktrain.strategies import plain_module
+
+    plain = plain_module(model)
     found = _run()
     if found is None:
-        return
+        return None
     import mlflow
 
     options.setdefault("serialization_format", "pickle")
+    example: Any = options.get("input_example")
+    if hasattr(example, "detach"):  # MLflow takes numpy, not tensors
+        options["input_example"] = example.detach().cpu().numpy()
     mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
     with mlflow.start_run(run_id=found[1]):
-        mlflow.pytorch.log_model(plain.cpu(), name=name, **options)
+        info = mlflow.pytorch.log_model(plain.cpu(), name=name, **options)
+    return str(info.model_uri)

@@ -126,6 +126,26 @@ def test_transform_with_more_partitions_than_executors(fitted: tuple[Any, Any, A
     assert [r.prediction for r in rows] == expected
 
 
+def test_vectors_read_back_from_parquet_are_scored(
+    fitted: tuple[Any, Any, Any], tmp_path: Path
+) -> None:
+    """Spark 4.3's columnar UDF input fails on ML vectors read from Parquet; transform does not."""
+    model, _, test = fitted
+    assembled = (
+        model.stages[0]
+        .transform(test)
+        .select(F.monotonically_increasing_id().alias("id"), "features", "label")
+    )  # few columns: Spark reads them as columnar batches
+    assembled.write.parquet(str(tmp_path / "assembled"))
+    stored = assembled.sparkSession.read.parquet(str(tmp_path / "assembled"))
+    stage = model.stages[-1]
+
+    def predictions(frame: Any) -> list[float]:
+        return [r.prediction for r in stage.transform(frame).orderBy("id").collect()]
+
+    assert predictions(stored) == predictions(assembled)
+
+
 class CountedLoads(nn.Module):
     """A model that appends its process id to a file each time it is unpickled (loaded)."""
 
@@ -335,3 +355,10 @@ def test_cross_validator_fits_copies_of_the_estimator(spark: Any) -> None:
     assert best.avgMetrics[1] > best.avgMetrics[0]  # the larger rate learns in 8 epochs
     assert best.bestModel.getTask() == "binary"
     assert {r.prediction for r in best.transform(df).select("prediction").collect()} <= {0.0, 1.0}
+
+
+def test_the_spark_ml_example(spark: Any) -> None:
+    import spark_ml_pipeline
+
+    result = spark_ml_pipeline.main(["--rows", "2048", "--epochs", "1"], spark=spark)
+    assert result["accuracy"] > 0.5 and result["same"] == 1.0  # chance: 0.1

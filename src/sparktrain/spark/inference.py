@@ -6,8 +6,9 @@ type is found, by running the model on two rows, unless the caller knows it. The
 
 Where pyspark has Arrow UDFs (4.1 and later, classic and Connect) the prediction is a column
 expression: only the input columns travel to Python and only the prediction comes back. On
-older pyspark, ``mapInArrow`` carries every column through Python and appends the prediction;
-the result is the same.
+older pyspark, and for DataFrames holding ML vectors (or any user-defined type) while Spark's
+columnar UDF input is on (see :data:`COLUMNAR_INPUT`), ``mapInArrow`` carries every column
+through Python and appends the prediction; the result is the same.
 """
 
 from __future__ import annotations
@@ -118,12 +119,47 @@ def sample_output(model: Any, df: Any, inputs: Sequence[str], rows: int = 2) -> 
             model.train()
 
 
+#: Spark 4.3 feeds Arrow UDFs columnar batches when this is on (the default), and then fails
+#: on any user-defined type in the rows (``UNSUPPORTED_DATATYPE ... UDT``): an ML vector column
+#: read from Parquet breaks every pandas or Arrow UDF over that DataFrame.
+COLUMNAR_INPUT = "spark.sql.execution.arrow.pythonUDF.columnarInput.enabled"
+
+
+def _holds_udt(kind: Any) -> bool:
+    from pyspark.sql import types as T
+
+    if isinstance(kind, T.UserDefinedType):
+        return True
+    if isinstance(kind, T.StructType):
+        return any(_holds_udt(f.dataType) for f in kind.fields)
+    if isinstance(kind, T.ArrayType):
+        return _holds_udt(kind.elementType)
+    if isinstance(kind, T.MapType):
+        return _holds_udt(kind.keyType) or _holds_udt(kind.valueType)
+    return False
+
+
+def arrow_udf_usable(df: Any) -> bool:
+    """Whether an Arrow UDF can score ``df`` (pyspark 4.1+, and no UDT that Spark trips on)."""
+    from pyspark.sql import functions as F
+
+    if not ARROW_UDF or not hasattr(F, "arrow_udf"):
+        return False
+    if not _holds_udt(df.schema):
+        return True
+    try:
+        columnar = str(df.sparkSession.conf.get(COLUMNAR_INPUT, "true")).lower()
+    except Exception:  # a Spark without the setting
+        return True
+    return columnar == "false"
+
+
 def with_scores(df: Any, scorer: Scorer, name: str) -> Any:
     """``df`` with the column ``name`` holding the scorer's output for each row."""
     from pyspark.sql import functions as F
 
     kind = outputs.spark_type(scorer.output)
-    if ARROW_UDF and hasattr(F, "arrow_udf"):
+    if arrow_udf_usable(df):
 
         def run(batches: Iterator[Any]) -> Iterator[Any]:
             return score(batches, scorer)
@@ -131,7 +167,7 @@ def with_scores(df: Any, scorer: Scorer, name: str) -> Any:
         iterator = F.ArrowUDFType.SCALAR_ITER  # type: ignore[attr-defined]
         with warnings.catch_warnings():  # the type is given, on purpose, instead of hints
             warnings.filterwarnings("ignore", "It is preferred to specify type hints")
-            udf = F.arrow_udf(run, kind, iterator)
+            udf = F.arrow_udf(run, kind, iterator)  # type: ignore[attr-defined]
         return df.withColumn(name, udf(*scorer.inputs))
     from pyspark.sql.types import StructField, StructType
 

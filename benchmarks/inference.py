@@ -1,0 +1,366 @@
+"""Inference benchmark: rows per second scored over a Spark DataFrame, five ways, one run.
+
+One run starts ``local-cluster[2,1,1024]`` (two executors of one core each; the JVMs keep their
+full JIT, as on a cluster), generates ``--rows`` rows of 784 float32 ``features``
+(``array<float>``, Parquet, reused between runs) and, for each model, scores every row with:
+
+* (a) the limit: the model's forward pass over batches of the same size in one process with
+  one thread (an executor's core), times the number of executors;
+* (b) ``sparktrain.spark.TorchModel.transform`` (``task="raw"``: the logits as
+  ``array<float>``, the output every path gives); and, for information, (b') the same model
+  with ``task="classification"`` (prediction, rawPrediction and probability vectors);
+* (c) ``pyspark.ml.functions.predict_batch_udf`` with the same batch size;
+* (d) ``mlflow.pyfunc.spark_udf`` on the model logged with an input example (its signature);
+* (e) a plain ``pandas_udf`` that unpickles the model for every Arrow batch;
+* (f) for information: Spark's transfer alone, an Arrow UDF that reads the column and returns
+  nulls, the most any Python UDF can reach on this machine.
+
+The models: the seeds' MLP (784-512-256-10) and a 6-layer transformer encoder (the 784 values
+as 16 tokens of 49, width 64, 4 heads, feed-forward 256, mean-pooled to 10 logits; about 25
+times the MLP's arithmetic per row). Every path is timed as a full pass
+(``write.format("noop")``) after one pass that warms the JVMs' JIT and the Python workers; with
+``--repeat`` the paths are interleaved and the median is shown. Before timing, each path's
+output on the first rows is checked against the model's own. Targets (PASS/MISS): (b) >= 0.7 x
+(a) and (b) >= 1.5 x the best of (c) and (d).
+
+    python benchmarks/inference.py                         # 1,000,000 rows: ~25 min here
+    python benchmarks/inference.py --rows 100000 --models mlp      # a smoke test
+    python benchmarks/inference.py --gpu                   # on a GPU machine (not run here)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import torch
+from _common import (
+    BENCH_TAG_VAR,
+    fmt,
+    leftover_processes,
+    load_average,
+    log,
+    ratio,
+    stop_strays,
+    version_of,
+)
+from spark_launch import shutdown_gateway
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+from train_mlp import make_model
+
+FEATURES = 784
+EXECUTORS = 2
+FILE_ROWS = 50_000
+
+
+class Encoder(nn.Module):
+    """A 6-layer transformer encoder over the 784 values as 16 tokens of 49."""
+
+    def __init__(self, tokens: int = 16, width: int = 49, d: int = 64, layers: int = 6) -> None:
+        super().__init__()
+        self.tokens, self.width = tokens, width
+        self.embed = nn.Linear(width, d)
+        self.position = nn.Parameter(torch.zeros(tokens, d))
+        layer = nn.TransformerEncoderLayer(d, 4, 4 * d, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(d, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x.reshape(len(x), self.tokens, self.width)) + self.position
+        return self.head(self.encoder(h).mean(dim=1))
+
+
+def models() -> dict[str, nn.Module]:
+    torch.manual_seed(0)
+    return {"mlp": make_model().eval(), "transformer": Encoder().eval()}
+
+
+def generate(folder: Path, rows: int) -> Path:
+    """``rows`` rows of ``id`` and 784 float32 ``features`` as Parquet (kept for later runs)."""
+    import pyarrow.parquet as pq
+
+    path = folder / f"features-{rows}"
+    if (path / "_DONE").exists():
+        return path
+    path.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    started = time.monotonic()
+    for first in range(0, rows, FILE_ROWS):
+        count = min(FILE_ROWS, rows - first)
+        values = rng.standard_normal(count * FEATURES, dtype=np.float32)
+        offsets = pa.array(np.arange(0, count * FEATURES + 1, FEATURES, dtype=np.int32))
+        table = pa.table(
+            {
+                "id": pa.array(np.arange(first, first + count, dtype=np.int64)),
+                "features": pa.ListArray.from_arrays(offsets, pa.array(values)),
+            }
+        )
+        pq.write_table(
+            table, path / f"part-{first // FILE_ROWS:05d}.parquet", row_group_size=10_000
+        )
+    (path / "_DONE").touch()
+    log(f"generated {rows:,} rows in {time.monotonic() - started:.0f}s at {path}")
+    return path
+
+
+def start_spark(gpu: bool, folder: Path) -> Any:
+    from pyspark.sql import SparkSession
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    builder = (
+        SparkSession.builder.master(f"local-cluster[{EXECUTORS},1,1024]")
+        .appName("sparktrain-bench-inference")
+        .config("spark.executor.memory", "768m")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
+        .config(f"spark.executorEnv.{BENCH_TAG_VAR}", os.environ[BENCH_TAG_VAR])
+    )
+    if gpu:  # each executor one GPU (the machine's first ones), one task per GPU
+        script = folder / "gpus.sh"
+        script.write_text(
+            '#!/bin/sh\nprintf \'{"name": "gpu", "addresses": ["%s"]}\' '
+            '"$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd, - '
+            '| sed \'s/,/","/g\')"\n'
+        )
+        script.chmod(0o755)
+        for key, value in {
+            "spark.worker.resource.gpu.amount": "1",
+            "spark.worker.resource.gpu.discoveryScript": str(script),
+            "spark.executor.resource.gpu.amount": "1",
+            "spark.executor.resource.gpu.discoveryScript": str(script),
+            "spark.task.resource.gpu.amount": "1",
+        }.items():
+            builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    status = spark.sparkContext._jsc.sc().getExecutorMemoryStatus()
+    deadline = time.monotonic() + 60
+    while status.size() < EXECUTORS + 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        status = spark.sparkContext._jsc.sc().getExecutorMemoryStatus()
+    return spark
+
+
+def limit(model: nn.Module, data: Path, batch: int, gpu: bool) -> float:
+    """(a): rows per second of the forward pass alone, one thread, times the executors."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(next(data.glob("*.parquet")), columns=["features"])
+    column = table.column("features").combine_chunks()
+    x = torch.from_numpy(column.flatten().to_numpy().copy()).reshape(len(column), FEATURES)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    device = torch.device("cuda" if gpu else "cpu")
+    model = model.to(device)
+    try:
+        with torch.inference_mode():
+            model(x[:batch].to(device))
+            started = time.perf_counter()
+            for first in range(0, len(x), batch):
+                out = model(x[first : first + batch].to(device))
+            if gpu:
+                out.cpu()
+            seconds = time.perf_counter() - started
+    finally:
+        torch.set_num_threads(threads)
+        model.cpu()
+    return len(x) / seconds * EXECUTORS
+
+
+def paths(
+    spark: Any, model: nn.Module, batch: int, gpu: bool, work: Path
+) -> dict[str, Callable[[Any], Any]]:
+    """Each path: a function of the DataFrame that returns it with the prediction column."""
+    import cloudpickle
+    import mlflow
+    from pyspark.ml.functions import predict_batch_udf
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    from sparktrain.spark import TorchModel
+
+    payload = cloudpickle.dumps(model)
+    ours = TorchModel(model, task="raw", inferenceBatchSize=batch, useGpu=gpu or None)
+    classes = TorchModel(model, task="classification", inferenceBatchSize=batch)
+
+    def make_predict_fn() -> Callable[[np.ndarray], np.ndarray]:
+        import cloudpickle
+        import torch
+
+        device = torch.device("cuda" if torch.cuda.is_available() and gpu else "cpu")
+        loaded = cloudpickle.loads(payload).to(device).eval()
+
+        def predict(x: np.ndarray) -> np.ndarray:
+            with torch.inference_mode():
+                return loaded(torch.from_numpy(x).to(device)).cpu().numpy()
+
+        return predict
+
+    batch_udf = predict_batch_udf(
+        make_predict_fn, return_type=T.ArrayType(T.FloatType()), batch_size=batch,
+        input_tensor_shapes=[[FEATURES]],
+    )  # fmt: skip
+    mlflow.set_tracking_uri(f"sqlite:///{work / 'mlflow.db'}")
+    example = np.zeros((2, FEATURES), dtype=np.float32)
+    with mlflow.start_run():
+        info = mlflow.pytorch.log_model(
+            model, name="model", serialization_format="pickle", input_example=example
+        )
+    pyfunc = mlflow.pyfunc.spark_udf(
+        spark, info.model_uri, result_type="array<float>", env_manager="local"
+    )
+
+    @F.pandas_udf(T.ArrayType(T.FloatType()))
+    def per_batch(features: pd.Series) -> pd.Series:
+        import cloudpickle
+        import torch
+
+        loaded = cloudpickle.loads(payload).eval()
+        with torch.inference_mode():
+            out = loaded(torch.from_numpy(np.stack(features.to_numpy()))).numpy()
+        return pd.Series(list(out))
+
+    def transfer(batches: Iterator[pa.Array]) -> Iterator[pa.Array]:
+        for array in batches:
+            yield pa.nulls(len(array), pa.float32())
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        only_transfer = F.arrow_udf(transfer, "float", F.ArrowUDFType.SCALAR_ITER)
+    return {
+        "(b) TorchModel.transform": ours.transform,
+        "(b') transform, classification": classes.transform,
+        "(c) predict_batch_udf": lambda df: df.withColumn("prediction", batch_udf("features")),
+        "(d) mlflow spark_udf": lambda df: df.withColumn("prediction", pyfunc("features")),
+        "(e) pandas_udf, load per batch": lambda df: df.withColumn(
+            "prediction", per_batch("features")
+        ),
+        "(f) transfer alone": lambda df: df.withColumn("prediction", only_transfer("features")),
+    }
+
+
+def check(name: str, scored: Any, model: nn.Module) -> None:
+    """The path's predictions on the first rows equal the model's own."""
+    rows = scored.orderBy("id").collect()
+    x = torch.tensor(np.array([r.features for r in rows]), dtype=torch.float32)
+    with torch.inference_mode():
+        expected = model.cpu()(x)
+    value = rows[0].prediction
+    if hasattr(value, "toArray") or isinstance(value, float):  # (b'): the class index
+        got = torch.tensor([r.prediction for r in rows])
+        assert torch.equal(got, expected.argmax(dim=1).float()), name
+    else:
+        got = torch.tensor(np.array([r.prediction for r in rows]), dtype=torch.float32)
+        assert torch.allclose(got, expected, atol=1e-4), f"{name}: predictions differ"
+
+
+def timed(df: Any) -> float:
+    started = time.perf_counter()
+    df.select("prediction").write.format("noop").mode("overwrite").save()
+    return time.perf_counter() - started
+
+
+def run_model(
+    spark: Any, name: str, model: nn.Module, args: argparse.Namespace, *, data: Path, work: Path
+) -> dict[str, float]:
+    df = spark.read.parquet(str(data))
+    rows = args.rows
+    log(f"{name}: (a) the limit")
+    results = {"(a) limit: forward x executors": limit(model, data, args.batch, args.gpu)}
+    ways = paths(spark, model, args.batch, args.gpu, work)
+    if args.gpu:
+        ways.pop("(d) mlflow spark_udf")  # its pyfunc loads on the CPU
+    first = df.where("id < 200")  # Parquet statistics: only the first row group is read
+    for way, make in ways.items():
+        if "(f)" not in way:
+            check(way, make(first), model)
+    log(f"{name}: warm-up pass")
+    timed(ways["(f) transfer alone"](df))
+    seconds: dict[str, list[float]] = {way: [] for way in ways}
+    for attempt in range(args.repeat):
+        for way, make in ways.items():
+            took = timed(make(df))
+            seconds[way].append(took)
+            log(f"{name} {way} run {attempt + 1}: {took:.1f}s, {rows / took:,.0f} rows/s")
+    for way, took in seconds.items():
+        results[way] = rows / statistics.median(took)
+    return results
+
+
+def report(tables: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
+    print(
+        f"\ninference over {args.rows:,} rows of 784 float32 on local-cluster[2,1,1024]"
+        f"{' with GPUs' if args.gpu else ''}, batches of {args.batch}; rows/s"
+        f" (median of {args.repeat}); pyspark {version_of('pyspark')}, torch "
+        f"{version_of('torch')}, mlflow {version_of('mlflow')}; load {load_average()}"
+    )
+    for name, table in tables.items():
+        top = table["(a) limit: forward x executors"]
+        print(f"\n  {name:<12} {'path':<34} {'rows/s':>10} {'/ (a)':>7}")
+        for way, value in table.items():
+            print(f"  {'':<12} {way:<34} {value:>10,.0f} {fmt(ratio(value, top)):>7}")
+        ours = table["(b) TorchModel.transform"]
+        best = max(table.get("(c) predict_batch_udf", 0), table.get("(d) mlflow spark_udf", 0))
+        for label, value, target in (
+            ("(b)/(a)", ratio(ours, top), 0.7),
+            ("(b)/best of (c),(d)", ratio(ours, best), 1.5),
+            ("(f)/(a): the transfer's ceiling", ratio(table["(f) transfer alone"], top), None),
+        ):
+            verdict = "" if target is None else ("PASS" if value and value >= target else "MISS")
+            goal = "" if target is None else f">= {target}"
+            print(f"  {'':<12} {label:<34} {fmt(value):>10} {goal:>7} {verdict}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--batch", type=int, default=1024, help="rows per forward pass")
+    parser.add_argument("--repeat", type=int, default=1, help="passes per path; the median")
+    parser.add_argument("--models", default="mlp,transformer")
+    parser.add_argument("--gpu", action="store_true", help="one GPU per executor")
+    parser.add_argument("--data", default=None, help="folder for the data (kept between runs)")
+    args = parser.parse_args(argv)
+    os.environ.setdefault(BENCH_TAG_VAR, uuid.uuid4().hex)
+    os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
+    warnings.filterwarnings("ignore", category=FutureWarning)  # pyspark on pandas 3
+    folder = Path(args.data or Path(tempfile.gettempdir()) / "sparktrain-bench-inference")
+    data = generate(folder, args.rows)
+    chosen = {k: v for k, v in models().items() if k in args.models.split(",")}
+    tables = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        spark = start_spark(args.gpu, Path(scratch))
+        try:
+            for name, model in chosen.items():
+                tables[name] = run_model(spark, name, model, args, data=data, work=Path(scratch))
+        finally:
+            spark.stop()
+            shutdown_gateway()  # the driver JVM, which spark.stop() leaves running
+    report(tables, args)
+    strays, _ = leftover_processes(10.0, exclude=frozenset({os.getpid()}))
+    print(f"\nleftover processes after the session stopped: {len(strays)}")
+    for pid, command in strays.items():
+        print(f"  {pid}: {command[:160]}")
+    if strays:
+        stop_strays(strays)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

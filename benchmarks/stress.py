@@ -10,6 +10,9 @@ timeout stops counts as a hang. Rows:
 * destroy-then-return 200 times with a random 0-1 s pause between runs;
 * destroy-then-return 200 times from two threads at once (concurrent launches);
 * destroy-then-return 100 times on a ``local-cluster[2,1,1024]`` Spark session;
+* Spark ML (``stress_sparkml.py``): ``TorchEstimator.fit`` 30 times, ``TorchModel.transform``
+  90 times, a fit and a transform from two threads at once 30 times, on that session; and a
+  caller SIGKILLed in the middle of a fit, 10 times (nothing it started may be alive 20 s later);
 * the caller SIGKILLed at a random moment of a launch (0-2.5 s in), 30 times: ranks that
   started after the caller was gone, processes left alive 10 s later, run directories left
   after the next launch.
@@ -17,7 +20,7 @@ timeout stops counts as a hang. Rows:
 It prints, per row, runs, hangs, failures (anything but the pattern's expected outcome), and the
 median and maximum run time; then the leftover-process check. ``--scale 0.1`` runs a tenth of
 every row (a smoke test); ``--only`` picks rows by name prefix (``plain``, ``heavy``, ``pause``,
-``concurrent``, ``spark``, ``kill``).
+``concurrent``, ``spark``, ``sparkml``, ``sparkml-kill``, ``kill``).
 
     python benchmarks/stress.py                 # the full run: about an hour on 2 cores
     python benchmarks/stress.py --scale 0.05    # a few minutes
@@ -28,7 +31,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,43 +38,23 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from _common import BENCH_TAG_VAR, leftover_processes, load_average, log, stop_strays, version_of
 from stress_patterns import HEAVY, PLAIN, SLEEPY_CALLER, Pattern, outcome, rank_records
+from stress_table import RUN_TIMEOUT, KillRow, Row, alive
 
-RUN_TIMEOUT = 60.0
-ROWS = {"plain": 1000, "heavy": 100, "pause": 200, "concurrent": 200, "spark": 100, "kill": 30}
-
-
-@dataclass
-class Row:
-    """One row of the table."""
-
-    label: str
-    durations: list[float] = field(default_factory=list)
-    hangs: int = 0
-    failures: list[str] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def add(self, result: str, seconds: float) -> None:
-        with self.lock:
-            self.durations.append(seconds)
-            if result == "hang":
-                self.hangs += 1
-            elif result != "ok":
-                self.failures.append(result)
-
-    def line(self) -> str:
-        runs = len(self.durations)
-        median = statistics.median(self.durations) if runs else float("nan")
-        longest = max(self.durations) if runs else float("nan")
-        return (
-            f"  {self.label:<44} {runs:>6} {self.hangs:>6} {len(self.failures):>9} "
-            f"{median:>9.3f} {longest:>8.3f}"
-        )
+ROWS = {
+    "plain": 1000,
+    "heavy": 100,
+    "pause": 200,
+    "concurrent": 200,
+    "spark": 100,
+    "sparkml": 30,
+    "sparkml-kill": 10,
+    "kill": 30,
+}
 
 
 def _one(pattern: Pattern, row: Row, **options: Any) -> None:
@@ -152,24 +134,6 @@ def spark_row(count: int) -> list[Row]:
 # -- the caller killed at random moments --------------------------------------------------
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
-
-
-@dataclass
-class KillRow:
-    """What SIGKILLing callers left."""
-
-    trials: int = 0
-    late_starts: int = 0
-    survivors: int = 0
-    dirs_left: int = 0
-
-
 def kill_row(count: int) -> KillRow:
     from sparktrain import launch
 
@@ -191,9 +155,9 @@ def kill_row(count: int) -> KillRow:
             row.late_starts += sum(1 for r in records if r[2] > killed_at + 0.2)
             pids = [pid for r in records for pid in r[:2]]
             deadline = time.monotonic() + 10.0
-            while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            while any(alive(p) for p in pids) and time.monotonic() < deadline:
                 time.sleep(0.1)
-            row.survivors += sum(1 for p in pids if _alive(p))
+            row.survivors += sum(1 for p in pids if alive(p))
             launch(os.getpid, num_processes=1, use_gpu=False)  # sweeps dead callers' dirs
             left = list(Path(tempfile.gettempdir()).glob(f"sparktrain-*-{caller.pid}-*"))
             row.dirs_left += len(left)
@@ -203,12 +167,27 @@ def kill_row(count: int) -> KillRow:
 
 # -- the table ------------------------------------------------------------------------------
 
+
+def sparkml_rows(count: int) -> list[Row]:
+    import stress_sparkml
+
+    return stress_sparkml.rows(count)
+
+
+def sparkml_kill_rows(count: int) -> list[Row]:
+    import stress_sparkml
+
+    return stress_sparkml.kill_rows(count)
+
+
 RUNNERS: dict[str, Callable[[int], list[Row]]] = {
     "plain": plain_rows,
     "heavy": heavy_rows,
     "pause": pause_row,
     "concurrent": concurrent_row,
     "spark": spark_row,
+    "sparkml": sparkml_rows,
+    "sparkml-kill": sparkml_kill_rows,
 }
 
 

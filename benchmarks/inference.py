@@ -1,7 +1,7 @@
 """Inference benchmark: rows per second scored over a Spark DataFrame, five ways, one run.
 
-One run starts ``local-cluster[2,1,1024]`` (two executors of one core each; the JVMs keep their
-full JIT, as on a cluster), generates ``--rows`` rows of 784 float32 ``features``
+One run starts ``local-cluster[2,1,1024]`` (two executors of one core and 1 GB each; the JVMs
+keep their full JIT, as on a cluster), generates ``--rows`` rows of 784 float32 ``features``
 (``array<float>``, Parquet, reused between runs) and, for each model, scores every row with:
 
 * (a) the limit: the model's forward pass over batches of the same size in one process with
@@ -128,7 +128,7 @@ def start_spark(gpu: bool, folder: Path) -> Any:
     builder = (
         SparkSession.builder.master(f"local-cluster[{EXECUTORS},1,1024]")
         .appName("sparktrain-bench-inference")
-        .config("spark.executor.memory", "768m")
+        .config("spark.executor.memory", "1g")  # all of a 1024 MB worker: less GC in the JVMs
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.host", "127.0.0.1")

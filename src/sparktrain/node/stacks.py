@@ -1,9 +1,13 @@
 """Where a hung rank waits: read ``faulthandler``'s dump of its Python stacks.
 
-The dump lists each thread, most recent call first. We take the thread that received the signal
-("Current thread", the main one in practice), its innermost frame (``all_reduce``, ``barrier``,
+The dump lists each thread, newest thread first and most recent call first. We take the thread
+that runs the rank (the one whose frames pass through sparktrain's ``run_rank``; failing that the
+one that received the signal, then the oldest), its innermost frame (``all_reduce``, ``barrier``,
 ``wait``...) and the innermost frame that belongs to the user: not torch, not the standard
-library, not sparktrain.
+library, not sparktrain. A dump is read only once it is whole: faulthandler writes it in many
+small pieces, and half of one would lose the user's frame. The main thread is the oldest, so it
+comes last, and its outermost frame is the module the process started with: the dump is whole
+when its last line is that frame.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from sparktrain.errors import StackSite
 
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>.+)$')
 _THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+")
+_OUTERMOST = ("<module>", "_run_module_as_main")
 _LIBRARY_PARTS = ("/torch/", "/sparktrain/", "/site-packages/", "/dist-packages/")
 
 
@@ -41,13 +46,21 @@ def _threads(text: str) -> list[tuple[bool, list[str]]]:
     return threads
 
 
+def _rank_thread(threads: list[tuple[bool, list[str]]]) -> list[str]:
+    """The frames of the thread that runs the rank's entry point."""
+    for _, frames in threads:
+        if any(line.endswith(" in run_rank") and "sparktrain" in line for line in frames):
+            return frames
+    current = [frames for is_current, frames in threads if is_current]
+    return current[0] if current else threads[-1][1]
+
+
 def parse(text: str, rank: int) -> StackSite | None:
     """The site where ``rank`` waits, from its faulthandler dump, or ``None`` if unreadable."""
     threads = [t for t in _threads(text) if t[1]]
     if not threads:
         return None
-    current = [frames for is_current, frames in threads if is_current]
-    frames = current[0] if current else threads[0][1]
+    frames = _rank_thread(threads)
     inner = _FRAME.match(frames[0])
     assert inner is not None
     roots = _library_roots()
@@ -72,8 +85,28 @@ def collect(paths: Mapping[int, Path], within: float) -> dict[int, StackSite]:
     while len(sites) < len(paths) and time.monotonic() < deadline:
         time.sleep(0.1)
         for rank, path in paths.items():
-            if rank not in sites and path.exists():
-                site = parse(path.read_text(errors="replace"), rank)
+            text = _read(path)
+            if rank not in sites and _whole(text):
+                site = parse(text, rank)
                 if site is not None:
                     sites[rank] = site
+    for rank, path in paths.items():  # out of time: part of a dump beats none
+        if rank not in sites:
+            site = parse(_read(path), rank)
+            if site is not None:
+                sites[rank] = site
     return sites
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _whole(text: str) -> bool:
+    """Whether the dump ends with a process's outermost frame (see the module's docstring)."""
+    lines = text.splitlines()
+    last = _FRAME.match(lines[-1]) if lines and text.endswith("\n") else None
+    return last is not None and last.group("func").strip() in _OUTERMOST

@@ -96,13 +96,18 @@ def python() -> str:
 
 
 GPU_DISCOVERY = '#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0", "1"]}\'\n'
+#: The executors' CUDA_VISIBLE_DEVICES: Spark's GPU addresses 0 and 1 are these devices.
+EXECUTOR_GPUS = "10,11"
 FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """One real Spark for the whole run: ``local-cluster[2,1,1024]`` (two executor JVMs) on
-    loopback, each executor with two fake GPUs from a discovery script, one GPU per task."""
+    loopback, each executor with two fake GPUs from a discovery script, one GPU per task.
+
+    The executors also have ``CUDA_VISIBLE_DEVICES=10,11`` (as a cluster may set through
+    ``spark.executorEnv``): Spark's GPU address *i* is then physical GPU ``10 + i``."""
     pytest.importorskip("pyspark")
     from pyspark.sql import SparkSession
 
@@ -121,6 +126,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         .config("spark.driver.extraJavaOptions", FAST_JVM)
         .config("spark.executor.extraJavaOptions", FAST_JVM)
         .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
+        .config("spark.executorEnv.CUDA_VISIBLE_DEVICES", EXECUTOR_GPUS)
         .config("spark.worker.resource.gpu.amount", "2")
         .config("spark.worker.resource.gpu.discoveryScript", str(script))
         .config("spark.executor.resource.gpu.amount", "2")

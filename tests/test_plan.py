@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from sparktrain import ConfigError, HorovodRunner, TorchDistributor
+from sparktrain import ClusterConfigError, ConfigError, HorovodRunner, TorchDistributor
 from sparktrain.driver.launch import prepare
 from sparktrain.plan.layout import make_plan
 from sparktrain.plan.options import run_options
@@ -200,8 +201,26 @@ ONE_GPU_SLOT = ClusterFacts(task_gpus=1, task_cpus=1, slots=1)
     ],
 )
 def test_cluster_plan_errors(facts: ClusterFacts, num: int, use_gpu: object, pattern: str) -> None:
-    with pytest.raises(ConfigError, match=pattern):
+    # pyspark's TorchDistributor raises RuntimeError for these: so does ours (and ConfigError)
+    with pytest.raises(RuntimeError, match=pattern) as raised:
         make_cluster_plan(num, facts=facts, use_gpu=use_gpu)
+    assert isinstance(raised.value, ClusterConfigError)
+
+
+@pytest.mark.parametrize(("per_task", "slots"), [(1, 2), (1, 8), (2, 4), (2, 6), (4, 6), (4, 2)])
+def test_task_gpu_sharing_splits_slots_as_spark_tensorflow_distributor(
+    per_task: int, slots: int
+) -> None:
+    """Its test_equal_gpu_allocation: ceil(num_slots / amount) tasks, task i owning
+    num_slots // tasks + (i < num_slots % tasks) GPUs, one worker each."""
+    facts = ClusterFacts(task_gpus=per_task, task_cpus=1, slots=8)
+    plan = make_cluster_plan(slots, facts=facts, use_gpu=True, gpus="task")
+    tasks = -(-slots // per_task)
+    assert (plan.nodes, plan.procs_per_node, plan.world_size) == (tasks, 1, tasks)
+    assert plan.gpu_shares == tuple(slots // tasks + (i < slots % tasks) for i in range(tasks))
+    assert sum(plan.gpu_shares) == slots
+    cpu = make_cluster_plan(slots, facts=facts, use_gpu=False, gpus="task")
+    assert (cpu.nodes, cpu.gpu_shares) == (slots, None)
 
 
 class _Resource:
@@ -217,20 +236,46 @@ class _Context:
         return self._resources
 
 
-def test_task_gpu_addresses_must_be_plain_integers() -> None:
+def test_task_gpu_addresses_must_be_plain_integers(monkeypatch: pytest.MonkeyPatch) -> None:
     from sparktrain.node.spark_task import _gpus
     from sparktrain.node.spec import NodeSpec
     from sparktrain.plan.options import RunOptions
 
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     spec = NodeSpec(
         run_id="r", world_size=2, procs_per_node=1, use_gpu=True, threads=1, payload=None,
         script=None, keep=frozenset(), data_uri=None, attempt=0, options=RunOptions(),
     )  # fmt: skip
-    assert _gpus(_Context(["3"]), spec) == ("3",)
+    assert _gpus(_Context(["3"]), spec, 0) == ("3",)
     with pytest.raises(ValueError, match=r"\['GPU-1f2e'\] are not plain integers"):
-        _gpus(_Context(["GPU-1f2e"]), spec)
+        _gpus(_Context(["GPU-1f2e"]), spec, 0)
     with pytest.raises(ValueError, match="gave this task 2 GPU"):
-        _gpus(_Context(["0", "1"]), spec)
+        _gpus(_Context(["0", "1"]), spec, 0)
+
+
+def test_a_spark_gpu_address_is_a_position_in_the_executors_cuda_visible_devices(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """pyspark's _get_gpus_owned and spark-tensorflow-distributor read address i as the i-th
+    entry of an existing CUDA_VISIBLE_DEVICES (their tests: addresses 0,1,2 with
+    CUDA_VISIBLE_DEVICES=3,4,5 are GPUs 3,4,5)."""
+    from sparktrain.node.spark_task import _gpus
+    from sparktrain.node.spec import NodeSpec
+    from sparktrain.plan.options import RunOptions
+    from sparktrain.plan.topology import spark_gpus
+
+    assert spark_gpus(["0", "1", "2"], ("3", "4", "5")) == ("3", "4", "5")
+    assert spark_gpus(["2"], None) == ("2",)
+    with pytest.raises(ClusterConfigError, match="has 3 entries"):
+        spark_gpus(["3"], ("3", "4", "5"))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "10,11,12,13")
+    spec = NodeSpec(
+        run_id="r", world_size=4, procs_per_node=2, use_gpu=True, threads=1, payload=None,
+        script=None, keep=frozenset(), data_uri=None, attempt=0, options=RunOptions(),
+    )  # fmt: skip
+    assert _gpus(_Context(["1", "3"]), spec, 1) == ("11", "13")
+    shared = dataclasses.replace(spec, world_size=2, procs_per_node=1, gpu_shares=(3, 3))
+    assert _gpus(_Context(["0", "1", "2", "3"]), shared, 1) == ("10", "11", "12")
 
 
 def test_an_unknown_backend_is_refused_with_the_known_ones() -> None:

@@ -120,11 +120,13 @@ def _gpu_environment() -> dict[str, str]:
 
 
 def test_gpus_are_sparks_assignment(spark: object) -> None:
+    """Spark's address i is the i-th entry of the executor's CUDA_VISIBLE_DEVICES (10,11 in the
+    fixture), as pyspark and spark-tensorflow-distributor read it: the ranks get 10 or 11."""
     result = launch(
         _gpu_environment, num_processes=2, use_gpu=True, backend="spark", return_all=True
     )
     for node in result.nodes:
-        assert len(node.gpus) == 1 and node.gpus[0] in ("0", "1")
+        assert len(node.gpus) == 1 and node.gpus[0] in ("10", "11")
         (rank,) = node.ranks
         assert result.return_values[rank] == {
             "CUDA_VISIBLE_DEVICES": node.gpus[0],

@@ -2,7 +2,9 @@
 
 Design choices:
 - Bad input is a :class:`ConfigError` (a ``ValueError``) raised before any process starts; its
-  message names the value and says what to do.
+  message names the value and says what to do. When the fault is the machine's or the
+  cluster's set-up (GPUs, Spark's resources, TLS), it is a :class:`ClusterConfigError`, which is
+  a ``RuntimeError`` as well, as the originals' errors for those conditions are.
 - A failed run is one :class:`TrainingFailedError` (a ``RuntimeError``) that names the *culprit*,
   the rank that failed first, with its remote traceback, and the *victims*, the ranks stopped
   because of it. Every rank's failure stays available in ``failures`` for programs.
@@ -21,6 +23,17 @@ from typing import Any
 
 class ConfigError(ValueError):
     """A launch was asked for with a bad value; nothing was started."""
+
+
+class ClusterConfigError(ConfigError, RuntimeError):
+    """The machine or cluster is set up in a way this launch cannot run on; nothing was started.
+
+    GPUs asked for but absent or too few, Spark's GPU resources unset or not matching the ranks,
+    TLS on without the override. pyspark's ``TorchDistributor`` and spark-tensorflow-distributor
+    raise ``RuntimeError`` (or ``Exception``) for these conditions, so this error is a
+    ``RuntimeError`` too: ``except RuntimeError`` in code written for them still catches it,
+    and ``except ConfigError`` (a ``ValueError``) in code written for sparktrain as well.
+    """
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from typing_extensions import Unpack
 
 from sparktrain.compat.torch_distributor import TorchDistributor
 from sparktrain.errors import ConfigError
+from sparktrain.plan.front import DEEPSPEED_DISTRIBUTOR, FrontDoor
 from sparktrain.plan.options import RunOptions, RunOptionsArgs
 from sparktrain.rank import rundirs
 
@@ -85,10 +86,20 @@ def run_script_with_config(config: dict[str, Any], script: str, args: list[str])
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def _count(name: str, value: object) -> int:
+    """A positive count; ``True`` is 1, as pyspark's ``numGpus * nnodes`` makes it."""
+    if value is True:
+        return 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name}={value!r} must be a positive int")
+    return value
+
+
 class DeepspeedTorchDistributor(TorchDistributor):
     """Run DeepSpeed training on ``numGpus * nnodes`` ranks (pyspark's signature)."""
 
     count_name: ClassVar[str] = "numGpus * nnodes"
+    front_door: ClassVar[FrontDoor] = DEEPSPEED_DISTRIBUTOR
 
     def __init__(
         self,
@@ -118,9 +129,7 @@ class DeepspeedTorchDistributor(TorchDistributor):
             **option_args: Run options by name (``timeout``, ``max_restarts``,
                 ``hang_timeout``, ``mlflow``, ...), as for :func:`sparktrain.launch`.
         """
-        for name, value in (("numGpus", numGpus), ("nnodes", nnodes)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name}={value!r} must be a positive int")
+        numGpus, nnodes = _count("numGpus", numGpus), _count("nnodes", nnodes)
         if nnodes > 1 and localMode and backend in (None, "local"):
             raise ConfigError(
                 f"nnodes={nnodes} with localMode=True: local mode runs on this machine only; "
@@ -138,6 +147,7 @@ class DeepspeedTorchDistributor(TorchDistributor):
             options=options,
             **option_args,
         )
+        self.input_params = {"deepspeed_config": deepspeedConfig, **self.input_params}
 
     def run(self, main: Any, *args: Any, **kwargs: Any) -> Any:
         """Run ``main`` (a function or a script) on every rank; return rank 0's value."""

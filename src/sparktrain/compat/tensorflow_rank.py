@@ -13,11 +13,21 @@ described to TensorFlow by ``TF_CONFIG``. Design choices:
   and reads everyone's, so no extra server or Spark round trip is needed.
 - **TensorFlow is imported here only**, in the rank, never in the fork server (which has
   imported torch and forks every rank).
+- **Keras 2 by default.** Keras 3's ``model.fit`` fails under a multi-worker
+  ``MultiWorkerMirroredStrategy`` ("Attempt to convert a value (PerReplica...)",
+  keras-team/keras#20585). With ``tf-keras`` installed (the ``tensorflow`` extra brings it),
+  the workers run ``TF_USE_LEGACY_KERAS=1``, so ``import tensorflow as tf; tf.keras`` is Keras 2,
+  whose ``fit`` works; rank 0 says so once. A ``TF_USE_LEGACY_KERAS`` the user set (in the
+  environment or ``env=``) is kept.
+- **The original's barrier task.** On Spark, the function may call
+  ``BarrierTaskContext.get()`` as it could in spark-tensorflow-distributor's barrier task
+  (:mod:`sparktrain.compat.barrier_context`).
 """
 
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import json
 import os
 import socket
@@ -73,12 +83,40 @@ def _import_tensorflow() -> Any:
     except ImportError as exc:
         raise ImportError(
             f"MirroredStrategyRunner needs TensorFlow in every rank ({exc}): pip install "
-            "'sparktrain[tensorflow]' (tensorflow-cpu), or tensorflow on GPU machines."
+            "'sparktrain[tensorflow]'."
         ) from exc
     return tf
 
 
-def run_worker(payload: bytes, use_custom_strategy: bool, use_gpu: bool) -> Any:
+def choose_keras(rank: int) -> str:
+    """Set ``TF_USE_LEGACY_KERAS=1`` where tf-keras is installed and the user chose nothing.
+
+    Returns what was chosen, and rank 0 prints it once: ``legacy`` (tf-keras), ``user`` (the
+    user's setting kept) or ``keras3`` (tf-keras missing; ``fit`` may fail).
+    """
+    if "TF_USE_LEGACY_KERAS" in os.environ:
+        return "user"
+    if importlib.util.find_spec("tf_keras") is None:
+        if rank == 0:
+            print(
+                "sparktrain: tf-keras is not installed, so the workers use Keras 3, whose "
+                "model.fit fails under MultiWorkerMirroredStrategy (custom training loops "
+                "work); pip install 'sparktrain[tensorflow]' brings tf-keras.",
+                flush=True,
+            )
+        return "keras3"
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    if rank == 0:
+        print(
+            "sparktrain: the workers use tf-keras (TF_USE_LEGACY_KERAS=1): Keras 3's model.fit "
+            "fails under MultiWorkerMirroredStrategy. Pass env={'TF_USE_LEGACY_KERAS': '0'} for "
+            "Keras 3.",
+            flush=True,
+        )
+    return "legacy"
+
+
+def run_worker(payload: bytes, use_custom_strategy: bool, use_gpu: bool, on_spark: bool) -> Any:
     """Set ``TF_CONFIG``, then run ``main(**kwargs)`` (inside the strategy's scope by default)."""
     rank, world_size = contract_rank(), contract_int("WORLD_SIZE", 1)
     reserved = reserve_port()
@@ -89,6 +127,11 @@ def run_worker(payload: bytes, use_custom_strategy: bool, use_gpu: bool) -> Any:
         os.environ["TF_GRPC_REUSE_PORT"] = "true"
         if not use_gpu:
             os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        if on_spark:
+            from sparktrain.compat.barrier_context import install
+
+            install(host)
+        choose_keras(rank)
         tf = _import_tensorflow()
         main, kwargs = cloudpickle.loads(payload)
         if use_custom_strategy:

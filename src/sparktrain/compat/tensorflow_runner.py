@@ -28,11 +28,12 @@ from typing_extensions import Unpack
 
 from sparktrain.compat.tensorflow_rank import run_worker
 from sparktrain.driver.launch import PreparedLaunch, prepare
-from sparktrain.errors import ConfigError
+from sparktrain.errors import ClusterConfigError, ConfigError
 from sparktrain.plan.entrypoint import make_entrypoint
+from sparktrain.plan.front import MIRRORED_STRATEGY_RUNNER
 from sparktrain.plan.options import RunOptions, RunOptionsArgs, run_options
 
-_INSTALL = "pip install 'sparktrain[tensorflow]' (tensorflow-cpu), or tensorflow on GPU machines"
+_INSTALL = "pip install 'sparktrain[tensorflow]' (TensorFlow with tf-keras)"
 
 
 def _check_bool(name: str, value: object) -> None:
@@ -111,7 +112,45 @@ class MirroredStrategyRunner:
             ray_address=ray_address,
             options=self.options,
             name="num_slots",
+            front=MIRRORED_STRATEGY_RUNNER,
         )
+
+    @property
+    def sc(self) -> Any:
+        """The SparkContext, as the original holds it (its session is made if none exists)."""
+        from pyspark.sql import SparkSession
+
+        session = SparkSession.builder.getOrCreate()
+        if type(session).__module__.startswith("pyspark.sql.connect"):
+            raise ConfigError(
+                "MirroredStrategyRunner.sc: a Spark Connect session has no SparkContext."
+            )
+        return session.sparkContext
+
+    def get_num_tasks(self) -> int:
+        """The Spark tasks a run on the cluster takes, as the original computes it.
+
+        On GPUs: ``ceil(num_slots / spark.task.resource.gpu.amount)``, each task running one
+        worker over its share of the GPUs; on CPUs: ``num_slots``.
+
+        Raises:
+            ClusterConfigError: ``use_gpu=True`` and ``spark.task.resource.gpu.amount`` is unset
+                or below 1.
+        """
+        if not self.use_gpu:
+            return self.num_slots
+        key = f"spark.task.resource.{self.gpu_resource_name}.amount"
+        conf = self.sc.getConf()
+        if not conf.contains(key):
+            raise ClusterConfigError(
+                f"Your cluster might not have Spark GPU-aware scheduling enabled: the conf {key} "
+                "was not found in the Spark configuration. Set it (for example to 1), or pass "
+                "use_gpu=False."
+            )
+        amount = int(float(conf.get(key)))
+        if amount < 1:
+            raise ClusterConfigError(f"The Spark conf {key}={conf.get(key)} must be at least 1.")
+        return -(-self.num_slots // amount)
 
     def run(self, train_fn: Any, **kwargs: Any) -> Any:
         """Run ``train_fn(**kwargs)`` on every worker and return worker 0's value.
@@ -131,5 +170,6 @@ class MirroredStrategyRunner:
             raise ConfigError(f"train_fn={train_fn!r} must be the training function")
         make_entrypoint(train_fn, (), kwargs)  # names what does not pickle, before starting
         payload = cloudpickle.dumps((train_fn, kwargs))
-        args = (payload, self.use_custom_strategy, self.use_gpu)
+        on_spark = self.prepared.backend.name == "spark"
+        args = (payload, self.use_custom_strategy, self.use_gpu, on_spark)
         return self.prepared.run(run_worker, args).value

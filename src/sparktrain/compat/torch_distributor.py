@@ -25,6 +25,7 @@ from typing_extensions import Unpack
 
 from sparktrain.driver.launch import PreparedLaunch, prepare
 from sparktrain.errors import ConfigError
+from sparktrain.plan.front import TORCH_DISTRIBUTOR, FrontDoor
 from sparktrain.plan.options import RunOptions, RunOptionsArgs, run_options
 
 
@@ -33,6 +34,8 @@ class TorchDistributor:
 
     #: What messages call the number of ranks (subclasses use their own parameter's name).
     count_name: ClassVar[str] = "num_processes"
+    #: The original's differences this front door keeps (its TLS-override conf).
+    front_door: ClassVar[FrontDoor] = TORCH_DISTRIBUTOR
 
     def __init__(
         self,
@@ -82,8 +85,17 @@ class TorchDistributor:
             ray_address=ray_address,
             options=self.options,
             name=self.count_name,
+            front=self.front_door,
         )
         self.plan = self.prepared.plan
+        tasks = self.plan.world_size if self.backend == "local" else self.plan.nodes
+        #: The constructor's values, as pyspark's ``input_params`` holds them.
+        self.input_params: dict[str, Any] = {
+            "num_processes": self.plan.world_size,
+            "local_mode": local_mode,
+            "use_gpu": use_gpu,
+            "num_tasks": tasks,
+        }
 
     def run(self, main: Any, *args: Any, **kwargs: Any) -> Any:
         """Run ``main`` on every rank and return rank 0's value.

@@ -19,6 +19,7 @@ from sparktrain.errors import ConfigError
 from sparktrain.node.report import NodeReport
 from sparktrain.node.spec import NodeSpec, node_spec
 from sparktrain.plan.entrypoint import Entrypoint
+from sparktrain.plan.front import LAUNCH, FrontDoor
 from sparktrain.plan.layout import LaunchPlan
 from sparktrain.plan.options import RunOptions
 from sparktrain.plan.topology import Topology
@@ -114,19 +115,19 @@ class Backend(ABC):
         """Start every node of ``attempt``; what is started is released if this raises."""
 
 
-def _local(*, topology: Topology | None, ray_address: str | None) -> Backend:
+def _local(*, topology: Topology | None, ray_address: str | None, front: FrontDoor) -> Backend:
     from sparktrain.driver.local import LocalBackend
 
     return LocalBackend(topology=topology)
 
 
-def _spark(*, topology: Topology | None, ray_address: str | None) -> Backend:
+def _spark(*, topology: Topology | None, ray_address: str | None, front: FrontDoor) -> Backend:
     from sparktrain.driver.spark import SparkBackend
 
-    return SparkBackend()
+    return SparkBackend(front=front)
 
 
-def _ray(*, topology: Topology | None, ray_address: str | None) -> Backend:
+def _ray(*, topology: Topology | None, ray_address: str | None, front: FrontDoor) -> Backend:
     from sparktrain.driver.ray import RayBackend
 
     return RayBackend(address=ray_address)
@@ -137,9 +138,13 @@ BACKENDS: dict[str, Callable[..., Backend]] = {"local": _local, "ray": _ray, "sp
 
 
 def make_backend(
-    backend: object, *, topology: Topology | None = None, ray_address: str | None = None
+    backend: object,
+    *,
+    topology: Topology | None = None,
+    ray_address: str | None = None,
+    front: FrontDoor = LAUNCH,
 ) -> Backend:
-    """The backend named ``backend`` (or ``backend`` itself, an instance).
+    """The backend named ``backend`` (or ``backend`` itself, an instance), for ``front``.
 
     Raises:
         ConfigError: An unknown name (the message lists the known ones), or what the chosen
@@ -152,4 +157,4 @@ def make_backend(
             f"backend={backend!r} is not one of: {', '.join(sorted(BACKENDS))} (or a "
             "sparktrain.driver.backend.Backend)."
         )
-    return BACKENDS[backend](topology=topology, ray_address=ray_address)
+    return BACKENDS[backend](topology=topology, ray_address=ray_address, front=front)

@@ -31,6 +31,7 @@ from sparktrain.errors import (
     TrainingTimeoutError,
 )
 from sparktrain.plan.entrypoint import Entrypoint, make_entrypoint
+from sparktrain.plan.front import LAUNCH, FrontDoor
 from sparktrain.plan.layout import LaunchPlan
 from sparktrain.plan.options import RunOptions, RunOptionsArgs, run_options
 from sparktrain.plan.topology import Topology
@@ -152,6 +153,7 @@ def prepare(
     topology: Topology | None = None,
     options: RunOptions | None = None,
     name: str = "num_processes",
+    front: FrontDoor = LAUNCH,
 ) -> PreparedLaunch:
     """Choose the backend, lay out the ranks on it, check the options; start nothing.
 
@@ -164,11 +166,12 @@ def prepare(
         topology: This machine's resources, for the local backend (detected when ``None``).
         options: The run's policy (defaults when ``None``).
         name: What the caller's front door calls ``num_processes``, for messages.
+        front: The front door (the originals' differences: see :mod:`sparktrain.plan.front`).
 
     Raises:
         ConfigError: Bad input; the message names the value and the fix.
     """
-    chosen = make_backend(backend, topology=topology, ray_address=ray_address)
+    chosen = make_backend(backend, topology=topology, ray_address=ray_address, front=front)
     plan = chosen.layout(num_processes, use_gpu=use_gpu, name=name)
     options = options or RunOptions()
     options.check_ranks(plan.world_size)

@@ -11,11 +11,13 @@ same port and no rank ever joins another run's store.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shutil
 import socket
 from typing import ClassVar
 
 from sparktrain.driver.backend import Attempt, Backend, Nodes, Polled
+from sparktrain.driver.spark_conf import driver_gpus
 from sparktrain.node.logs import LogSink
 from sparktrain.node.runner import NodeRun, bind_rendezvous, prepare_run_dir
 from sparktrain.node.spec import Place
@@ -35,8 +37,17 @@ class LocalBackend(Backend):
         self.topology = topology
 
     def layout(self, num_processes: object, *, use_gpu: object, name: str) -> LaunchPlan:
-        """One node holding every rank: one GPU each, or a share of the CPUs each."""
-        topology = self.topology or detect_local(gpus=use_gpu is not False)
+        """One node holding every rank: one GPU each, or a share of the CPUs each.
+
+        With an active SparkSession whose driver has GPU resources, those are the GPUs
+        (``use_gpu=True``, or ``None`` where CUDA sees GPUs), as in pyspark's local mode.
+        """
+        topology = self.topology
+        if topology is None:
+            topology = detect_local(gpus=use_gpu is not False)
+            driver = driver_gpus() if use_gpu is not False else None
+            if driver is not None and (use_gpu is True or topology.gpus):
+                topology = dataclasses.replace(topology, gpus=driver)
         return make_plan(num_processes, topology=topology, use_gpu=use_gpu, name=name)
 
     def start(self, attempt: Attempt) -> Nodes:

@@ -22,10 +22,12 @@ import cloudpickle
 
 from sparktrain.driver.backend import Attempt, Backend, Nodes, Polled
 from sparktrain.driver.remote import RemoteNodes
+from sparktrain.driver.spark_conf import check_encryption
 from sparktrain.errors import ClusterError, ConfigError
 from sparktrain.node.report import NodeReport
 from sparktrain.node.spark_task import run_node
 from sparktrain.node.spec import NodeSpec
+from sparktrain.plan.front import LAUNCH, FrontDoor
 from sparktrain.plan.layout import ClusterFacts, LaunchPlan, make_cluster_plan
 
 SCHEMA = "node long, report binary"
@@ -190,17 +192,24 @@ class SparkBackend(Backend):
 
     name: ClassVar[str] = "spark"
 
-    def __init__(self, session: Any = None) -> None:
-        """Use ``session``, or the active SparkSession (a :class:`ConfigError` without one)."""
+    def __init__(self, session: Any = None, *, front: FrontDoor = LAUNCH) -> None:
+        """Use ``session``, or the active SparkSession (a :class:`ConfigError` without one).
+
+        ``front``: the front door launching (its TLS-override conf, how ranks own GPUs).
+        """
         self.session = session if session is not None else active_session()
+        self.front = front
 
     def layout(self, num_processes: object, *, use_gpu: object, name: str) -> LaunchPlan:
         """One rank per task on CPU, one per GPU of a task on GPU; checks the free slots."""
         facts = cluster_facts(self.session, num_processes)
-        return make_cluster_plan(num_processes, facts=facts, use_gpu=use_gpu, name=name)
+        return make_cluster_plan(
+            num_processes, facts=facts, use_gpu=use_gpu, name=name, gpus=self.front.gpus
+        )
 
     def start(self, attempt: Attempt) -> Nodes:
-        """Submit the barrier job in a helper thread."""
+        """Refuse a TLS cluster without the override, then submit the barrier job."""
+        check_encryption(self.session, self.front)
         return SparkNodes(self.session, attempt)
 
 

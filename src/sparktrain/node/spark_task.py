@@ -13,7 +13,6 @@ its one row. A rank failure never fails the task: the driver turns reports into 
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import socket
 from collections.abc import Iterator
@@ -25,27 +24,28 @@ from sparktrain.node.remote import run_connected
 from sparktrain.node.report import NodeReport
 from sparktrain.node.runner import bind_rendezvous, prepare_run_dir
 from sparktrain.node.spec import NodeSpec, Place
+from sparktrain.plan.topology import spark_gpus
+from sparktrain.rank import env
 
-_GPU_ADDRESS = re.compile(r"^(0|[1-9][0-9]*)$")
 
+def _gpus(ctx: Any, spec: NodeSpec, node: int) -> tuple[str, ...]:
+    """The devices this task's ranks own.
 
-def _gpus(ctx: Any, spec: NodeSpec) -> tuple[str, ...]:
+    Its Spark GPUs, read through the executor's ``CUDA_VISIBLE_DEVICES``; with shares (one rank
+    owning several GPUs), the first ones, as many as the node's share.
+    """
     if not spec.use_gpu:
         return ()
     resources = ctx.resources()
     addresses = tuple(resources["gpu"].addresses) if "gpu" in resources else ()
-    bad = [a for a in addresses if not _GPU_ADDRESS.match(a)]
-    if bad:
-        raise ValueError(
-            f"Spark gave this task GPU addresses {list(addresses)}; {bad} are not plain "
-            "integers, which CUDA_VISIBLE_DEVICES needs. Fix the GPU discovery script."
-        )
-    if len(addresses) != spec.procs_per_node:
+    devices = spark_gpus(addresses, env.cuda_visible_devices())
+    wanted = spec.gpu_shares[node] if spec.gpu_shares else spec.procs_per_node
+    if len(devices) < wanted or (not spec.gpu_shares and len(devices) != wanted):
         raise ValueError(
             f"Spark gave this task {len(addresses)} GPU(s) {list(addresses)} but the run "
-            f"expects {spec.procs_per_node} (spark.task.resource.gpu.amount)."
+            f"expects {wanted} (spark.task.resource.gpu.amount)."
         )
-    return addresses
+    return devices[:wanted]
 
 
 def run_node(spec: NodeSpec, batches: Iterator[Any]) -> Iterator[Any]:
@@ -73,7 +73,7 @@ def _run(spec: NodeSpec, ctx: Any, *, node: int, hosts: list[str], run_dir: str)
     listener: socket.socket | None = None
     error = None
     try:
-        gpus = _gpus(ctx, spec)
+        gpus = _gpus(ctx, spec, node)
         if node == 0:
             listener = bind_rendezvous(host)
     except Exception as exc:

@@ -36,6 +36,8 @@ class NodeSpec:
         extra_env: Variables of other contracts for every rank (MLflow's run).
         channel: The driver's channel address (``None`` for a node in the caller's process).
         secret: The attempt's secret for the channel.
+        gpu_shares: GPUs of each node's one rank, when a rank owns several (see
+            ``LaunchPlan.gpu_shares``); ``None``: one GPU per rank.
     """
 
     run_id: str
@@ -52,6 +54,7 @@ class NodeSpec:
     extra_env: dict[str, str] | None = None
     channel: tuple[str, int] | None = None
     secret: bytes | None = None
+    gpu_shares: tuple[int, ...] | None = None
 
     @property
     def nodes(self) -> int:
@@ -71,7 +74,8 @@ class Place:
         node: This node's index.
         host: This node's address (for log prefixes and the report).
         master: Host and port of the rendezvous store (node 0's bound socket).
-        gpus: GPU addresses this node's ranks own (one each), empty on CPU.
+        gpus: GPU addresses this node's ranks own (one each, or the node's one rank all of
+            them), empty on CPU.
     """
 
     node: int
@@ -109,4 +113,5 @@ def node_spec(
         extra_env=extra_env,
         channel=channel,
         secret=secret,
+        gpu_shares=plan.gpu_shares,
     )

@@ -7,10 +7,12 @@ topology comes in as a value, so plans are cheap to build and test.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
-from sparktrain.errors import ConfigError
+from sparktrain.errors import ClusterConfigError, ConfigError
+from sparktrain.plan.front import GpuSharing
 from sparktrain.plan.topology import Topology
 
 Device = Literal["cpu", "cuda"]
@@ -33,6 +35,9 @@ class LaunchPlan:
         gpus: GPU addresses this node's ranks own (empty on CPU, and on clusters, where each
             node learns its own).
         threads_per_rank: Intra-op threads per rank, so that ranks do not oversubscribe the CPUs.
+        gpu_shares: On clusters whose tasks run one rank that owns several GPUs
+            (``FrontDoor.gpus == "task"``): how many of its task's GPUs each node's rank uses;
+            ``None`` when each rank owns one GPU.
     """
 
     world_size: int
@@ -42,6 +47,7 @@ class LaunchPlan:
     dist_backend: Literal["nccl", "gloo"]
     gpus: tuple[str, ...]
     threads_per_rank: int
+    gpu_shares: tuple[int, ...] | None = None
 
     def describe(self) -> str:
         """One line for logs: ``2 ranks on 1 node, cpu (gloo)``."""
@@ -70,13 +76,14 @@ def _resolve_device(use_gpu: object, world_size: int, topology: Topology, name: 
     if use_gpu is False or (use_gpu is None and gpus == 0):
         return "cpu"
     if gpus == 0:
-        raise ConfigError(
-            "use_gpu=True but no GPU is visible to this process (torch.cuda.device_count() == 0 "
-            "or CUDA_VISIBLE_DEVICES is empty); pass use_gpu=False to train on CPU with gloo, "
-            "or run where a GPU is available."
+        raise ClusterConfigError(
+            "use_gpu=True but no GPU is visible on the driver (this process: "
+            "torch.cuda.device_count() == 0, CUDA_VISIBLE_DEVICES is empty, or the SparkSession "
+            "gives the driver no GPU); pass use_gpu=False to train on CPU with gloo, or run "
+            "where a GPU is available."
         )
     if world_size > gpus:
-        raise ConfigError(
+        raise ClusterConfigError(
             f"{name}={world_size} but only {gpus} GPU(s) are visible here "
             f"({', '.join(topology.gpus)}); one rank needs one GPU. Pass {name}<={gpus}, "
             "or use_gpu=False to run the ranks on CPU."
@@ -126,55 +133,68 @@ def make_cluster_plan(
     facts: ClusterFacts,
     use_gpu: object = None,
     name: str = "num_processes",
+    gpus: GpuSharing = "rank",
 ) -> LaunchPlan:
     """Lay out a run over cluster tasks: one rank per task on CPU, one per GPU of a task on GPU.
 
+    With ``gpus="task"`` (spark-tensorflow-distributor's workers) each task runs one rank that
+    owns a share of the task's GPUs instead: ``num_processes`` GPUs over
+    ``ceil(num_processes / spark.task.resource.gpu.amount)`` tasks, shared out as evenly as they
+    go (6 GPUs at 4 a task: 2 tasks of 3).
+
     Args:
-        num_processes: Number of ranks.
+        num_processes: Number of ranks (with ``gpus="task"`` on GPUs: number of GPUs).
         facts: What the cluster offers.
         use_gpu: ``True`` (GPUs, error without), ``False`` (CPU), ``None`` (GPUs if tasks get
             some).
         name: What the caller's front door calls the number of ranks, for messages.
+        gpus: How ranks own their task's GPUs (see :mod:`sparktrain.plan.front`).
 
     Raises:
-        ConfigError: Bad values, GPUs asked for but not configured, a count that is not a
-            multiple of the GPUs per task, or more tasks than the cluster can run at once.
+        ConfigError: Bad values; :class:`ClusterConfigError` for GPUs asked for but not
+            configured, a count that is not a multiple of the GPUs per task, or more tasks than
+            the cluster can run at once.
     """
     world_size = _check_count(name, num_processes)
     if use_gpu is not None and not isinstance(use_gpu, bool):
         raise ConfigError(f"use_gpu={use_gpu!r} must be True, False, or None.")
     device: Device = "cuda" if use_gpu or (use_gpu is None and facts.task_gpus > 0) else "cpu"
-    per_task = 1
+    per_task, shares = 1, None
     if device == "cuda":
         if facts.task_gpus < 1:
-            raise ConfigError(
+            raise ClusterConfigError(
                 "use_gpu=True but spark.task.resource.gpu.amount is unset, so Spark gives tasks "
                 "no GPU; create the session with spark.task.resource.gpu.amount=1 (and "
                 "spark.executor.resource.gpu.amount), or pass use_gpu=False."
             )
-        per_task = facts.task_gpus
-        if world_size % per_task:
-            raise ConfigError(
-                f"{name}={world_size} is not a multiple of spark.task.resource.gpu.amount"
-                f"={per_task}: each task runs one rank per GPU it gets. Pass a multiple of "
-                f"{per_task}."
-            )
-    tasks = world_size // per_task
+        if gpus == "task":
+            tasks = -(-world_size // facts.task_gpus)
+            shares = tuple(world_size // tasks + (i < world_size % tasks) for i in range(tasks))
+        else:
+            per_task = facts.task_gpus
+            if world_size % per_task:
+                raise ClusterConfigError(
+                    f"{name}={world_size} is not a multiple of spark.task.resource.gpu.amount"
+                    f"={per_task}: each task runs one rank per GPU it gets. Pass a multiple of "
+                    f"{per_task}."
+                )
+    tasks = len(shares) if shares else world_size // per_task
     if facts.slots is not None and tasks > facts.slots:
-        gpu_note = f" ({per_task} GPU(s) each)" if device == "cuda" else ""
-        raise ConfigError(
+        gpu_note = f" ({facts.task_gpus} GPU(s) each)" if device == "cuda" else ""
+        raise ClusterConfigError(
             f"{name}={world_size} needs {tasks} barrier tasks{gpu_note} running at once, "
             f"but the cluster has {facts.slots} task slot(s) now; a barrier stage would wait or "
             f"fail. Lower {name}, or add executors/cores (or GPUs)."
         )
-    return _assemble(
-        world_size,
+    plan = _assemble(
+        tasks * per_task,
         nodes=tasks,
         per_node=per_task,
         device=device,
         gpus=(),
         threads=max(1, facts.task_cpus // per_task),
     )
+    return dataclasses.replace(plan, gpu_shares=shares)
 
 
 def make_plan(

@@ -9,11 +9,16 @@ addresses the ranks will be given.
 from __future__ import annotations
 
 import os
+import re
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from sparktrain.errors import ClusterConfigError
 from sparktrain.rank import env
+
+_GPU_ADDRESS = re.compile(r"^(0|[1-9][0-9]*)$")
 
 
 @dataclass(frozen=True)
@@ -72,3 +77,33 @@ def detect_local(*, gpus: bool = True) -> Topology:
     """
     found = detect_gpus() if gpus else ()
     return Topology(cpus=_cpu_count(), gpus=found, hostname=socket.gethostname())
+
+
+def spark_gpus(addresses: Sequence[str], visible: tuple[str, ...] | None) -> tuple[str, ...]:
+    """Spark's GPU addresses as the devices to put in ``CUDA_VISIBLE_DEVICES``.
+
+    Spark's address *i* is the *i*-th entry of the process's own ``CUDA_VISIBLE_DEVICES`` when it
+    has one (``visible``; a cluster may set it through ``spark.executorEnv``), else device *i*:
+    the reading of pyspark's ``TorchDistributor`` and spark-tensorflow-distributor.
+
+    Raises:
+        ClusterConfigError: An address that is not a plain integer, or past the end of
+            ``visible``.
+    """
+    bad = [a for a in addresses if not _GPU_ADDRESS.match(a)]
+    if bad:
+        raise ClusterConfigError(
+            f"Spark gave GPU addresses {list(addresses)}; {bad} are not plain integers "
+            "(no zero padding), which CUDA_VISIBLE_DEVICES needs. Fix the GPU discovery script."
+        )
+    if visible is None:
+        return tuple(addresses)
+    outside = [a for a in addresses if int(a) >= len(visible)]
+    if outside:
+        raise ClusterConfigError(
+            f"Spark gave GPU addresses {list(addresses)}, read as positions in this process's "
+            f"CUDA_VISIBLE_DEVICES={','.join(visible)!r}, which has {len(visible)} entries; "
+            "make the discovery script report positions in that list, or unset "
+            "CUDA_VISIBLE_DEVICES for the executors."
+        )
+    return tuple(visible[int(a)] for a in addresses)

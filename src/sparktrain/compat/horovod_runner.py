@@ -151,5 +151,5 @@ class HorovodRunner:
         if not callable(main):
             raise ConfigError(f"main={main!r} must be the training function (a callable)")
         make_entrypoint(main, (), kwargs)  # names what does not pickle, before anything starts
-        payload = cloudpickle.dumps((main, kwargs))
+        payload = cloudpickle.dumps((main, (), kwargs))
         return self.prepared.run(run_with_alias, (payload,)).value

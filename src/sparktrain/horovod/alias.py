@@ -5,11 +5,15 @@
 (``horovod.tensorflow``, ``horovod.spark``, ...) into an ``ImportError`` that says what is
 provided. When a real Horovod is importable nothing is changed: it is used as is.
 
-:class:`sparktrain.HorovodRunner` sends the user's function to the ranks as pickled bytes
-wrapped in :func:`run_with_alias`, which installs the alias *before* unpickling it: a function
-whose module imported ``horovod.torch`` at the top references ``horovod.torch`` by name, and
-that name must resolve when the function is unpickled. So the alias travels with the
-entrypoint, and neither the worker nor the environment needs to know about Horovod.
+:class:`sparktrain.HorovodRunner` and ``horovod.run`` send the user's function to the ranks as
+pickled bytes wrapped in :func:`run_with_alias`, which installs the alias *before* unpickling
+it: a function whose module imported ``horovod.torch`` at the top references ``horovod.torch``
+by name, and that name must resolve when the function is unpickled.
+
+In every other rank (a script run by ``sparktrain run``, a ``TorchDistributor`` function), the
+worker adds :class:`AliasWhenAbsent` at the *end* of ``sys.meta_path``: it is asked only when no
+other finder found ``horovod``, that is when Horovod is not installed, and then installs the
+alias. A rank that never imports ``horovod`` pays nothing.
 """
 
 from __future__ import annotations
@@ -51,11 +55,19 @@ def is_installed() -> bool:
     return getattr(sys.modules.get("horovod"), "__name__", None) == "sparktrain.horovod"
 
 
+_probing = False  # True while real_horovod() looks: AliasWhenAbsent then finds nothing
+
+
 def real_horovod() -> str | None:
     """Where a real Horovod package lives, or ``None`` when it is not installed."""
+    global _probing  # noqa: PLW0603 - one flag per process, set around one lookup
     if is_installed():
         return None
-    spec = importlib.util.find_spec("horovod")
+    _probing = True
+    try:
+        spec = importlib.util.find_spec("horovod")
+    finally:
+        _probing = False
     if spec is None:
         return None
     return spec.origin or ", ".join(spec.submodule_search_locations or []) or "horovod"
@@ -78,10 +90,15 @@ def install(*, quiet: bool = False) -> bool:
         if not quiet:
             print(f"sparktrain: using the installed Horovod ({where})", file=sys.stderr)
         return False
+    sys.modules["horovod"] = _alias(quiet)
+    return True
+
+
+def _alias(quiet: bool) -> ModuleType:
+    """Put ``horovod.torch`` (and the finder for other ``horovod.*``) in place; the package."""
     import sparktrain.horovod
     import sparktrain.horovod.torch
 
-    sys.modules["horovod"] = sparktrain.horovod
     sys.modules["horovod.torch"] = sparktrain.horovod.torch
     if not any(isinstance(f, _OtherHorovodModules) for f in sys.meta_path):
         sys.meta_path.insert(0, _OtherHorovodModules())
@@ -91,11 +108,42 @@ def install(*, quiet: bool = False) -> bool:
             "sparktrain.horovod.torch (torch.distributed: gloo on CPU, NCCL on GPU)",
             file=sys.stderr,
         )
-    return True
+    return sparktrain.horovod
+
+
+class AliasWhenAbsent(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Last on ``sys.meta_path``: ``import horovod`` gives the alias when nothing else found it."""
+
+    def find_spec(
+        self,
+        fullname: str,
+        path: Sequence[str] | None,
+        target: ModuleType | None = None,
+    ) -> importlib.machinery.ModuleSpec | None:
+        """A spec for ``horovod`` (every finder before this one missed it), else ``None``."""
+        if fullname != "horovod" or _probing:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        """The alias: sparktrain's package, with ``horovod.torch`` in place."""
+        return _alias(quiet=False)
+
+    def exec_module(self, module: ModuleType) -> None:
+        """Nothing to run: give the package back its own spec."""
+        import sparktrain.horovod
+
+        module.__spec__ = sparktrain.horovod.__spec__  # the import set it to the alias's
+
+
+def add_finder() -> None:
+    """Put :class:`AliasWhenAbsent` at the end of ``sys.meta_path`` (once)."""
+    if not any(isinstance(f, AliasWhenAbsent) for f in sys.meta_path):
+        sys.meta_path.append(AliasWhenAbsent())
 
 
 def run_with_alias(payload: bytes) -> Any:
-    """Inside a rank: install the alias, then unpickle ``(main, kwargs)`` and call ``main``."""
+    """Inside a rank: install the alias, unpickle ``(main, args, kwargs)``, call ``main``."""
     install()
-    main, kwargs = cloudpickle.loads(payload)
-    return main(**kwargs)
+    main, args, kwargs = cloudpickle.loads(payload)
+    return main(*args, **kwargs)

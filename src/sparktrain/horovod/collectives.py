@@ -3,7 +3,8 @@
 Horovod negotiates each collective by name, so ranks may submit them in any order; here every
 call is a ``torch.distributed`` collective on the default group, so every rank must make the
 same calls in the same order (as training code does). ``name=`` is accepted and ignored.
-Averages are computed as a sum followed by a division, since gloo has no ``AVG`` reduction.
+Averages are computed as a sum followed by a division, since gloo has no ``AVG`` reduction;
+``op=hvd.Adasum`` is :mod:`sparktrain.horovod.adasum`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from sparktrain.errors import ConfigError
+from sparktrain.horovod import adasum
 from sparktrain.horovod.compression import Compression, Compressor
 
 
@@ -48,21 +50,14 @@ def require_init() -> None:
 
 
 def check_op(op: object) -> ReduceOp:
-    """``op`` as a :class:`ReduceOp`; Adasum and unknown values raise :class:`ConfigError`."""
+    """``op`` as a :class:`ReduceOp`; an unknown value raises :class:`ConfigError`."""
     try:
-        value = ReduceOp(op)  # type: ignore[arg-type]
+        return ReduceOp(op)  # type: ignore[arg-type]
     except (ValueError, TypeError):
         raise ConfigError(
-            f"op={op!r} is not a Horovod reduction; pass hvd.Average, hvd.Sum, hvd.Min, "
-            "hvd.Max or hvd.Product."
+            f"op={op!r} is not a Horovod reduction; pass hvd.Average, hvd.Sum, hvd.Adasum, "
+            "hvd.Min, hvd.Max or hvd.Product."
         ) from None
-    if value is ReduceOp.ADASUM:
-        raise ConfigError(
-            "op=hvd.Adasum is not supported by sparktrain's Horovod layer: torch.distributed "
-            "has no Adasum reduction. Pass op=hvd.Average (the default; scale the learning rate "
-            "by hvd.size() as usual), or install Horovod itself."
-        )
-    return value
 
 
 def resolve_op(op: object, average: bool | None) -> ReduceOp:
@@ -102,6 +97,16 @@ def poll(handle: Handle) -> bool:
     return bool(handle.work.is_completed())
 
 
+class _Done:
+    """The work of a collective already completed (Adasum runs at once)."""
+
+    def wait(self) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
 def _scale(tensor: torch.Tensor, factor: float) -> None:
     if factor != 1.0:
         tensor.mul_(factor)
@@ -121,7 +126,6 @@ def allreduce_async_(  # noqa: PLR0917 - Horovod's positional signature
     _check_process_set(process_set)
     reduce_op = resolve_op(op, average)
     _scale(tensor, prescale_factor)
-    work = dist.all_reduce(tensor, op=_TORCH_OPS[reduce_op], async_op=True)
     size = dist.get_world_size()
 
     def finish(out: torch.Tensor) -> torch.Tensor:
@@ -133,6 +137,10 @@ def allreduce_async_(  # noqa: PLR0917 - Horovod's positional signature
                 out.floor_divide_(size)
         return out
 
+    if reduce_op is ReduceOp.ADASUM:
+        tensor.copy_(adasum.allreduce(tensor))
+        return Handle(_Done(), tensor, finish)
+    work = dist.all_reduce(tensor, op=_TORCH_OPS[reduce_op], async_op=True)
     return Handle(work, tensor, finish)
 
 

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from sparktrain.errors import ConfigError
+from sparktrain.horovod import adasum
 from sparktrain.horovod.collectives import ReduceOp, check_op, require_init
 from sparktrain.horovod.compression import Compression, Compressor
 
@@ -86,6 +87,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def step(self, closure: Callable[[], float] | None = None) -> Any:
         """Reduce the gradients over the ranks (unless skipped), then take the step."""
         settings = self._hvd
+        if settings.op is ReduceOp.ADASUM:
+            return self._adasum_step(closure)
         if settings.should_synchronize:
             if settings.synchronized:
                 warnings.warn(
@@ -96,6 +99,21 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self.synchronize()
         settings.synchronized = False
         return super().step(closure)
+
+    def _adasum_step(self, closure: Callable[[], float] | None) -> Any:
+        """Horovod's Adasum optimizer: the local step, then the updates combined.
+
+        Each parameter's update (not its gradient, as Horovod does) is combined over the ranks
+        with Adasum.
+        """
+        params = self._params()
+        before = [p.detach().clone() for p in params]
+        result = super().step(closure)
+        with torch.no_grad():
+            for p, start in zip(params, before, strict=True):
+                p.copy_(start + adasum.allreduce(p - start))
+        self._hvd.counts.clear()
+        return result
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear gradients; an error between ``backward()`` and ``step()``, as in Horovod."""
@@ -182,7 +200,8 @@ def DistributedOptimizer(  # noqa: PLR0917 - Horovod's name and positional signa
         named_parameters: ``model.named_parameters()``; checked like Horovod does.
         compression: ``Compression.none`` or ``Compression.fp16`` (gradients sent as float16).
         backward_passes_per_step: Backward passes accumulated locally before each ``step()``.
-        op: ``hvd.Average`` (default) or ``hvd.Sum``; ``hvd.Adasum`` is not supported.
+        op: ``hvd.Average`` (default), ``hvd.Sum``, or ``hvd.Adasum`` (each step's update,
+            not the gradient, is combined over the ranks with Adasum, as Horovod does).
         gradient_predivide_factor: With Average, divide by this before the sum and by
             ``size / factor`` after.
         num_groups: Accepted for compatibility (all gradients travel as one buffer).
@@ -194,12 +213,14 @@ def DistributedOptimizer(  # noqa: PLR0917 - Horovod's name and positional signa
         The same optimizer object, now distributed.
 
     Raises:
-        ConfigError: Adasum, a bad argument, or a parameter missing from ``named_parameters``.
+        ConfigError: A bad argument, or a parameter missing from ``named_parameters``.
     """
     require_init()
     reduce_op = check_op(op)
-    if reduce_op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
-        raise ConfigError(f"op={reduce_op.name} cannot reduce gradients; pass Average or Sum.")
+    if reduce_op not in (ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM):
+        raise ConfigError(
+            f"op={reduce_op.name} cannot reduce gradients; pass Average, Sum or Adasum."
+        )
     if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int):
         raise ConfigError(f"backward_passes_per_step={backward_passes_per_step!r} must be an int")
     if backward_passes_per_step < 1:

@@ -23,6 +23,17 @@ import torch
 import torch.distributed as dist
 
 from sparktrain.errors import ConfigError
+from sparktrain.horovod.builds import (
+    ccl_built,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    mpi_built,
+    mpi_enabled,
+    nccl_built,
+    rocm_built,
+)
 from sparktrain.horovod.collectives import (
     Handle,
     ReduceOp,
@@ -80,15 +91,24 @@ __all__ = [
     "broadcast_object",
     "broadcast_optimizer_state",
     "broadcast_parameters",
+    "ccl_built",
     "cross_rank",
     "cross_size",
+    "cuda_built",
+    "ddl_built",
+    "gloo_built",
+    "gloo_enabled",
     "init",
     "is_initialized",
     "join",
     "local_rank",
     "local_size",
+    "mpi_built",
+    "mpi_enabled",
+    "nccl_built",
     "poll",
     "rank",
+    "rocm_built",
     "shutdown",
     "size",
     "synchronize",

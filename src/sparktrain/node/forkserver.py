@@ -249,21 +249,25 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of ``python -m sparktrain.node.forkserver FD``."""
     args = sys.argv[1:] if argv is None else argv
     sock = socket.socket(fileno=int(args[0]))
+    become: _BecomeRank | None = None
     try:
         _Server(sock).serve()
-    except _BecomeRank as become:
-        from sparktrain.rank.worker import exit_rank, run_rank
-
-        code = 1
-        try:
-            code = run_rank(become.request, become.fds, become.server, become.caller)
-        finally:
-            exit_rank(code)
-    else:
+    except _BecomeRank as forked:
+        become = forked
+    if become is None:
         # The caller is gone or done: skip the interpreter's teardown of torch (0.5-1 s), which
         # the caller would otherwise wait for at exit.
         sys.stderr.flush()
         os._exit(0)
+    # The rank runs outside the except block, so the user's exceptions do not carry this one
+    # as their context ("During handling of the above exception ...").
+    from sparktrain.rank.worker import exit_rank, run_rank
+
+    code = 1
+    try:
+        code = run_rank(become.request, become.fds, become.server, become.caller)
+    finally:
+        exit_rank(code)
 
 
 if __name__ == "__main__":

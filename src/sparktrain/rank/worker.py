@@ -37,6 +37,7 @@ from typing import Any
 import cloudpickle
 
 from sparktrain import procfs
+from sparktrain.horovod import alias
 from sparktrain.plan.entrypoint import ScriptEntry
 from sparktrain.rank import process_groups, reporting
 from sparktrain.rank.paths import error_path, payload_path, result_path, stack_path
@@ -190,16 +191,37 @@ def _run_entry(req: RankRequest) -> Any:
     return fn(*args, **kwargs)
 
 
+#: Files of the rank's start-up: sparktrain's own, and runpy's for scripts.
+_PACKAGE = str(Path(__file__).resolve().parent.parent) + os.sep
+
+
+def _start_up(filename: str) -> bool:
+    return filename.startswith(_PACKAGE) or filename in ("<frozen runpy>", runpy.__file__)
+
+
+def users_frames(tb: Any) -> Any:
+    """``tb`` from the first frame that is not the rank's start-up (all of it if none is)."""
+    first = tb
+    while tb is not None and _start_up(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    return tb if tb is not None else first
+
+
 def _describe(exc: BaseException) -> tuple[str, str]:
-    """The exception's message and traceback as text, even when its ``__str__`` fails."""
+    """The exception's message and traceback as text, even when its ``__str__`` fails.
+
+    The traceback starts at the user's code: the frames of the rank's start-up (this module,
+    the front doors' wrappers, runpy) are left out, as ``python script.py`` leaves out its own.
+    """
     try:
         message = str(exc)
     except Exception as err:
         message = f"<str() of the exception failed: {err!r}>"
+    shown = users_frames(exc.__traceback__)
     try:
-        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        tb = "".join(traceback.format_exception(type(exc), exc, shown))
     except Exception:
-        tb = "".join(traceback.format_tb(exc.__traceback__)) + f"{type(exc).__qualname__}\n"
+        tb = "".join(traceback.format_tb(shown)) + f"{type(exc).__qualname__}\n"
     return message, tb
 
 
@@ -272,6 +294,7 @@ def _run_and_record(req: RankRequest, fds: RankFds, caller: int) -> int:
             process_groups.KEPT.append(_host_store(req, fds.listen))
         if not caller_alive(server=os.getppid(), caller=caller):
             os._exit(1)  # the caller died while this rank was being started: run nothing
+        alias.add_finder()  # `import horovod.torch` works where Horovod is not installed
         value = _run_entry(req)
         if req.keep_value:
             data = cloudpickle.dumps(_unwrap(value))

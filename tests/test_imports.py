@@ -18,6 +18,7 @@ def test_import_pulls_in_nothing_heavy() -> None:
 
 def test_public_names() -> None:
     assert sorted(sparktrain.__all__) == [
+        "ClusterConfigError",
         "ClusterError",
         "ConfigError",
         "DeepspeedTorchDistributor",
@@ -36,6 +37,7 @@ def test_public_names() -> None:
         "backward",
         "checkpoint",
         "deepspeed_config",
+        "distributed",
         "full_state_dict",
         "launch",
         "log_metrics",

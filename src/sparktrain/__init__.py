@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from sparktrain._version import __version__
 from sparktrain.errors import (
+    ClusterConfigError,
     ClusterError,
     ConfigError,
     HangError,
@@ -24,6 +25,7 @@ from sparktrain.rank.reporting import progress, report
 
 if TYPE_CHECKING:
     from sparktrain import checkpoint, tuning
+    from sparktrain.compat.decorator import distributed
     from sparktrain.compat.deepspeed_distributor import DeepspeedTorchDistributor
     from sparktrain.compat.horovod_runner import HorovodRunner
     from sparktrain.compat.tensorflow_runner import MirroredStrategyRunner
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
     from sparktrain.tuning import tune
 
 __all__ = [
+    "ClusterConfigError",
     "ClusterError",
     "ConfigError",
     "DeepspeedTorchDistributor",
@@ -64,6 +67,7 @@ __all__ = [
     "backward",
     "checkpoint",
     "deepspeed_config",
+    "distributed",
     "full_state_dict",
     "launch",
     "log_metrics",
@@ -87,6 +91,7 @@ _LAZY = {
         "DeepspeedTorchDistributor",
     ),
     "checkpoint": ("sparktrain", "checkpoint"),
+    "distributed": ("sparktrain.compat.decorator", "distributed"),
     "HorovodRunner": ("sparktrain.compat.horovod_runner", "HorovodRunner"),
     "MirroredStrategyRunner": ("sparktrain.compat.tensorflow_runner", "MirroredStrategyRunner"),
     "TorchDistributor": ("sparktrain.compat.torch_distributor", "TorchDistributor"),

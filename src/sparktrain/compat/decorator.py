@@ -1,0 +1,193 @@
+"""``@sparktrain.distributed``: the decorator front door of the Serverless GPU API's shape.
+
+Databricks' Serverless GPU Python API decorates a function (``@distributed(gpus=8,
+gpu_type="H100", remote=True)``) and runs it with ``fn.distributed(...)``, which returns every
+process's result. Here::
+
+    @sparktrain.distributed(num_processes=2, use_gpu=False, max_restarts=1)
+    def train(lr):
+        ...
+        return loss
+
+    train(0.1)                 # the function itself, in this process
+    train.distributed(0.1)     # every rank, through the same launch: [loss of rank 0, rank 1]
+
+The arguments are checked when the decorator is applied (counts, ``use_gpu``, the backend's
+name, every run option, and the Serverless API's own names, which are refused with what to
+pass instead), so a typo fails where it is written, not at the first run. The ranks are laid
+out at each ``distributed`` call, on the cluster as it is then. Logs, errors naming the failed
+rank, the progress bar, MLflow and restarts are those of every front door.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar, overload
+
+from typing_extensions import ParamSpec, Unpack
+
+from sparktrain.driver.backend import BACKENDS, Backend
+from sparktrain.errors import ConfigError
+from sparktrain.plan.front import FrontDoor
+from sparktrain.plan.options import RunOptions, RunOptionsArgs, run_options
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+DECORATOR = FrontDoor("sparktrain.distributed")
+
+#: The Serverless GPU API's arguments, and what to pass here instead.
+_SERVERLESS = {
+    "gpus": "num_processes=N, use_gpu=True",
+    "gpu_type": "nothing: the GPUs are those of the machine or cluster the ranks run on",
+    "remote": "backend='spark' (or 'ray') to run on a cluster; the default runs here",
+}
+
+
+def _check_layout(num_processes: object, use_gpu: object, backend: object) -> None:
+    if isinstance(num_processes, bool) or not isinstance(num_processes, int):
+        raise ConfigError(
+            f"num_processes={num_processes!r} ({type(num_processes).__name__}) is not an int; "
+            "pass a positive integer such as num_processes=2."
+        )
+    if num_processes < 1:
+        raise ConfigError(f"num_processes={num_processes} must be at least 1.")
+    if use_gpu is not None and not isinstance(use_gpu, bool):
+        raise ConfigError(f"use_gpu={use_gpu!r} must be True, False, or None (GPUs if any).")
+    if not isinstance(backend, Backend) and backend not in BACKENDS:
+        raise ConfigError(
+            f"backend={backend!r} is not one of: {', '.join(sorted(BACKENDS))} (or a "
+            "sparktrain.driver.backend.Backend)."
+        )
+
+
+class DistributedFunction(Generic[P, R]):
+    """A function that runs as itself when called, and on every rank with :meth:`distributed`.
+
+    Attributes:
+        num_processes: The ranks of each :meth:`distributed` run.
+        use_gpu: ``True``, ``False`` or ``None`` (GPUs where there are some).
+        backend: ``"local"``, ``"spark"``, ``"ray"`` or a ``Backend``.
+        options: The run options.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[P, R],
+        *,
+        num_processes: int,
+        use_gpu: bool | None,
+        backend: str | Backend,
+        ray_address: str | None,
+        options: RunOptions,
+    ) -> None:
+        """Wrap ``fn`` (the decorator does this; the arguments are already checked)."""
+        self.fn = fn
+        self.num_processes = num_processes
+        self.use_gpu = use_gpu
+        self.backend = backend
+        self.ray_address = ray_address
+        self.options = options
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Call the function itself, in this process."""
+        return self.fn(*args, **kwargs)
+
+    def distributed(self, *args: P.args, **kwargs: P.kwargs) -> list[R]:
+        """Run the function on every rank; every rank's return value, in rank order.
+
+        Raises:
+            ConfigError: The ranks do not fit, or an argument does not pickle.
+            TrainingFailedError: A rank failed; the message names it with its traceback.
+        """
+        from sparktrain.driver.launch import prepare
+
+        prepared = prepare(
+            self.num_processes,
+            use_gpu=self.use_gpu,
+            backend=self.backend,
+            ray_address=self.ray_address,
+            options=self.options,
+            front=DECORATOR,
+        )
+        result = prepared.run(self.fn, args, kwargs)
+        return [result.return_values[rank] for rank in range(prepared.plan.world_size)]
+
+    def __repr__(self) -> str:
+        return (
+            f"<sparktrain.distributed {getattr(self.fn, '__qualname__', self.fn)!r}: "
+            f"{self.num_processes} ranks, backend={self.backend!r}>"
+        )
+
+
+@overload
+def distributed(fn: Callable[P, R], /) -> DistributedFunction[P, R]: ...
+
+
+@overload
+def distributed(
+    fn: None = None,
+    /,
+    *,
+    num_processes: int = 1,
+    use_gpu: bool | None = None,
+    backend: str | Backend = "local",
+    ray_address: str | None = None,
+    options: RunOptions | None = None,
+    **option_args: Unpack[RunOptionsArgs],
+) -> Callable[[Callable[P, R]], DistributedFunction[P, R]]: ...
+
+
+def distributed(
+    fn: Callable[P, R] | None = None,
+    /,
+    *,
+    num_processes: int = 1,
+    use_gpu: bool | None = None,
+    backend: str | Backend = "local",
+    ray_address: str | None = None,
+    options: RunOptions | None = None,
+    **option_args: Any,
+) -> Any:
+    """Decorate a function so that ``fn.distributed(...)`` runs it on every rank.
+
+    Args:
+        fn: The function, when the decorator is used bare (``@sparktrain.distributed``).
+        num_processes: Ranks per run.
+        use_gpu: ``True`` (one GPU per rank), ``False`` (CPU, gloo), ``None`` (GPUs if any).
+        backend: ``"local"`` (this machine), ``"spark"`` (barrier tasks of the active
+            SparkSession), ``"ray"``, or a ``Backend``.
+        ray_address: With ``backend="ray"``: the cluster to join.
+        options: A :class:`~sparktrain.RunOptions` to start from.
+        **option_args: Run options by name (``timeout``, ``max_restarts``, ``mlflow``,
+            ``progress``, ...).
+
+    Returns:
+        A :class:`DistributedFunction` (or, with arguments, the decorator that makes one).
+
+    Raises:
+        ConfigError: A bad argument, named with the fix, when the decorator is applied.
+    """
+    serverless = sorted(set(option_args) & set(_SERVERLESS))
+    if serverless:
+        name = serverless[0]
+        raise ConfigError(
+            f"{name}= is the Serverless GPU API's argument; sparktrain.distributed takes "
+            f"{_SERVERLESS[name]}."
+        )
+    if "return_all" in option_args:
+        raise ConfigError("return_all= does not apply: fn.distributed() returns every rank's.")
+    _check_layout(num_processes, use_gpu, backend)
+    checked = run_options(options, **option_args, return_all=True)
+
+    def wrap(target: Callable[P, R]) -> DistributedFunction[P, R]:
+        if not callable(target):
+            raise ConfigError(f"sparktrain.distributed decorates a function, not {target!r}.")
+        return DistributedFunction(
+            target, num_processes=num_processes, use_gpu=use_gpu, backend=backend,
+            ray_address=ray_address, options=checked,
+        )  # fmt: skip
+
+    return wrap(fn) if fn is not None else wrap

@@ -7,10 +7,17 @@ settled here:
 - It runs the ``ray`` command found on ``PATH``, which is missing when the interpreter's
   virtualenv is not activated: the interpreter's directory is put first on ``PATH``, for the
   head node and, through Ray's start hook, for every worker node.
-- Ray 2.5x turns token authentication on for new clusters, and worker nodes on other machines
-  have no token file: ``RAY_AUTH_MODE=disabled`` is set for the head, the workers and this
-  process, unless the caller set ``RAY_AUTH_MODE`` themselves. The cluster is then open to
-  whoever reaches the driver's network, as Ray clusters were before token authentication.
+- **Authentication.** Ray reads its token authentication settings per process, and Ray on
+  Spark gives the head node the driver's environment but the worker nodes only its start hook's:
+  left alone, the head, the driver and the worker nodes end up in different modes and cannot
+  talk. Here the cluster runs with Ray's token authentication on, by default: a fresh per-cluster
+  token (256 bits, Ray's own generator) in a file only this user can read (0600, in a 0700
+  folder), named by ``RAY_AUTH_TOKEN_PATH`` for the head and this process, and handed to every
+  worker node as ``RAY_AUTH_TOKEN`` through the start hook (never on a command line). A client
+  without the token is refused. ``auth="disabled"`` (or ``RAY_AUTH_MODE=disabled`` set by the
+  caller) turns it off for the whole cluster, with one warning. The token and its file are gone
+  after :meth:`RayOnSpark.shutdown`. Not covered by Ray's token: Ray on Spark's own job server on
+  the driver (it asks Spark for worker nodes), so the network must still be private.
 - Its shutdown leaves helper processes (the nodes' dashboard and runtime-env agents, reparented
   to init, some of which ignore SIGTERM): :meth:`RayOnSpark.shutdown` lists every process of the
   cluster on this machine (by its temporary directory and address, and their descendants)
@@ -24,13 +31,18 @@ it; :meth:`RayOnSpark.shutdown` disconnects first.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import secrets
 import shutil
 import sys
-from typing import Any
+import tempfile
+from typing import Any, Literal
 
 from sparktrain.errors import ConfigError
 from sparktrain.ray import procs
+
+log = logging.getLogger("sparktrain")
 
 #: How long the cluster's processes get to exit after Ray's shutdown before they are killed.
 EXIT_GRACE = 10.0
@@ -43,13 +55,22 @@ class RayOnSpark:
     Attributes:
         address: The head node's ``host:port`` (for ``ray.init(address=...)``).
         client_address: The ``ray://`` address for Ray Client connections.
+        token_path: The file holding the cluster's token (mode 0600), or ``None`` when
+            authentication is off. Another process of this user joins the cluster with
+            ``RAY_AUTH_MODE=token`` and ``RAY_AUTH_TOKEN_PATH`` set to it.
     """
 
     def __init__(
-        self, address: str, client_address: str, temp_dir: str | None, saved: dict[str, str | None]
+        self,
+        address: str,
+        client_address: str,
+        temp_dir: str | None,
+        saved: dict[str, str | None],
+        token_path: str | None = None,
     ) -> None:
         self.address = address
         self.client_address = client_address
+        self.token_path = token_path
         self._temp_dir = temp_dir
         self._saved = saved
         self._closed = False
@@ -78,6 +99,9 @@ class RayOnSpark:
             shutdown_ray_cluster()
         left = procs.end(found | self.processes(), grace=EXIT_GRACE)
         _restore(self._saved)
+        _reload_auth()  # this process forgets the token before its file goes
+        if self.token_path is not None:
+            shutil.rmtree(os.path.dirname(self.token_path), ignore_errors=True)
         if left:
             raise RuntimeError(
                 f"processes of the Ray cluster could not be killed: {sorted(p for p, _ in left)}"
@@ -98,16 +122,65 @@ def _restore(saved: dict[str, str | None]) -> None:
             os.environ[name] = value
 
 
-def _environment() -> dict[str, str]:
-    """What the head node, the worker nodes and this process need (see the module docstring)."""
-    extra: dict[str, str] = {}
-    if "RAY_AUTH_MODE" not in os.environ:
-        extra["RAY_AUTH_MODE"] = "disabled"
+_AUTH_VARIABLES = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+
+
+def _path_variable() -> dict[str, str]:
+    """``PATH`` with the interpreter's directory first, when its ``ray`` would not be found."""
     here = os.path.dirname(sys.executable)
     ray_cli = os.path.join(here, "ray")
     if os.path.exists(ray_cli) and shutil.which("ray") != ray_cli:
-        extra["PATH"] = here + os.pathsep + os.environ.get("PATH", "")
-    return extra
+        return {"PATH": here + os.pathsep + os.environ.get("PATH", "")}
+    return {}
+
+
+def write_token() -> tuple[str, str]:
+    """A fresh cluster token, written to a file only this user can read; (token, path)."""
+    folder = tempfile.mkdtemp(prefix="sparktrain-ray-auth-")  # created 0700
+    path = os.path.join(folder, "token")
+    token = secrets.token_hex(32)  # 256 bits, as Ray's own generator
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(token)
+    return token, path
+
+
+def _reload_auth() -> None:
+    """Make this process's Ray read its authentication settings again (it caches them)."""
+    with contextlib.suppress(ImportError):
+        from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]
+
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
+
+
+def _auth_mode(auth: object) -> str:
+    if auth is None:
+        caller = os.environ.get("RAY_AUTH_MODE", "").strip().lower()
+        return "disabled" if caller == "disabled" else "token"
+    if auth not in ("token", "disabled"):
+        raise ConfigError(f"auth={auth!r} must be 'token' (the default) or 'disabled'.")
+    return str(auth)
+
+
+def _environment(mode: str) -> tuple[dict[str, str], dict[str, str], str | None]:
+    """The variables for this process and the head node, and for the worker nodes; the token file.
+
+    See the module docstring.
+    """
+    here = _path_variable()
+    if mode == "disabled":
+        log.warning(
+            "sparktrain: Ray on Spark starts with authentication off: whoever reaches the "
+            "driver's network can submit work to the cluster. Pass auth='token' (the default) "
+            "to require the cluster's token."
+        )
+        off = {"RAY_AUTH_MODE": "disabled"}
+        return {**off, **here}, {**off, **here}, None
+    token, path = write_token()
+    driver = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": path, **here}
+    workers = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, **here}
+    return driver, workers, path
 
 
 def setup_on_spark(
@@ -116,6 +189,7 @@ def setup_on_spark(
     num_cpus_worker_node: int | None = None,
     num_gpus_worker_node: int | None = None,
     head_node_options: dict[str, Any] | None = None,
+    auth: Literal["token", "disabled"] | None = None,
     **options: Any,
 ) -> RayOnSpark:
     """Start a Ray cluster on the active SparkSession and connect this process to it.
@@ -128,6 +202,9 @@ def setup_on_spark(
         num_gpus_worker_node: GPUs of each worker node (``0`` for a CPU cluster).
         head_node_options: Extra ``ray start`` options of the head node; the dashboard is off
             unless this has ``include_dashboard=True``.
+        auth: ``"token"``: Ray's token authentication with a fresh per-cluster token;
+            ``"disabled"``: none. ``None``: token, unless the caller set
+            ``RAY_AUTH_MODE=disabled``.
         **options: Passed to ``ray.util.spark.setup_ray_cluster`` as they are.
 
     Returns:
@@ -153,11 +230,15 @@ def setup_on_spark(
         )
     from sparktrain.ray import hook
 
-    extra = _environment()
-    saved = {name: os.environ.get(name) for name in [*extra, "RAY_ADDRESS", _HOOK_VARIABLE]}
+    extra, workers, token_path = _environment(_auth_mode(auth))
+    names = [*extra, *_AUTH_VARIABLES, "RAY_ADDRESS", _HOOK_VARIABLE]
+    saved = {name: os.environ.get(name) for name in dict.fromkeys(names)}
     hook.EXTRA_ENV.clear()
-    hook.EXTRA_ENV.update(extra)
+    hook.EXTRA_ENV.update(workers)
+    for name in _AUTH_VARIABLES:  # a token of the caller's must not win over the cluster's
+        os.environ.pop(name, None)
     os.environ.update(extra)
+    _reload_auth()
     databricks = "DATABRICKS_RUNTIME_VERSION" in os.environ
     os.environ[_HOOK_VARIABLE] = f"sparktrain.ray.hook.{'DatabricksHook' if databricks else 'Hook'}"
     head = {"include_dashboard": False, **(head_node_options or {})}
@@ -171,8 +252,12 @@ def setup_on_spark(
         )
     except BaseException:
         _restore(saved)
+        _reload_auth()
+        if token_path is not None:
+            shutil.rmtree(os.path.dirname(token_path), ignore_errors=True)
         raise
     finally:
+        hook.EXTRA_ENV.clear()  # the token lives on only in the cluster's processes
         hook_saved = saved.get(_HOOK_VARIABLE)
         if hook_saved is None:
             os.environ.pop(_HOOK_VARIABLE, None)
@@ -181,7 +266,7 @@ def setup_on_spark(
     from ray.util.spark import cluster_init
 
     active = getattr(cluster_init, "_active_ray_cluster", None)
-    cluster = RayOnSpark(address, client, getattr(active, "temp_dir", None), saved)
+    cluster = RayOnSpark(address, client, getattr(active, "temp_dir", None), saved, token_path)
     try:
         ray.init(address=address, log_to_driver=True)
     except BaseException:

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-import cloudpickle
 from typing_extensions import Unpack
 
 from sparktrain.driver.launch import PreparedLaunch, prepare
 from sparktrain.errors import ConfigError
 from sparktrain.horovod.alias import run_with_alias
+from sparktrain.plan import pickling
 from sparktrain.plan.entrypoint import make_entrypoint
 from sparktrain.plan.options import RunOptions, RunOptionsArgs, run_options
 
@@ -151,5 +151,5 @@ class HorovodRunner:
         if not callable(main):
             raise ConfigError(f"main={main!r} must be the training function (a callable)")
         make_entrypoint(main, (), kwargs)  # names what does not pickle, before anything starts
-        payload = cloudpickle.dumps((main, (), kwargs))
+        payload = pickling.dumps((main, (), kwargs))
         return self.prepared.run(run_with_alias, (payload,)).value

@@ -23,12 +23,12 @@ from __future__ import annotations
 import importlib.util
 from typing import Any, Literal
 
-import cloudpickle
 from typing_extensions import Unpack
 
 from sparktrain.compat.tensorflow_rank import run_worker
 from sparktrain.driver.launch import PreparedLaunch, prepare
 from sparktrain.errors import ClusterConfigError, ConfigError
+from sparktrain.plan import pickling
 from sparktrain.plan.entrypoint import make_entrypoint
 from sparktrain.plan.front import MIRRORED_STRATEGY_RUNNER
 from sparktrain.plan.options import RunOptions, RunOptionsArgs, run_options
@@ -169,7 +169,7 @@ class MirroredStrategyRunner:
         if not callable(train_fn):
             raise ConfigError(f"train_fn={train_fn!r} must be the training function")
         make_entrypoint(train_fn, (), kwargs)  # names what does not pickle, before starting
-        payload = cloudpickle.dumps((train_fn, kwargs))
+        payload = pickling.dumps((train_fn, kwargs))
         on_spark = self.prepared.backend.name == "spark"
         args = (payload, self.use_custom_strategy, self.use_gpu, on_spark)
         return self.prepared.run(run_worker, args).value

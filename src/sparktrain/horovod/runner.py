@@ -16,10 +16,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import cloudpickle
-
 from sparktrain.errors import ConfigError
 from sparktrain.horovod.alias import run_with_alias
+from sparktrain.plan import pickling
 from sparktrain.plan.options import NAMES
 
 #: Horovod launcher settings with no meaning here, accepted and ignored.
@@ -78,7 +77,7 @@ def run(
     if not callable(func):
         raise ConfigError(f"horovod.run(func={func!r}): func must be a function.")
     try:
-        payload = cloudpickle.dumps((func, tuple(args), dict(kwargs or {})))
+        payload = pickling.dumps((func, tuple(args), dict(kwargs or {})))
     except Exception as exc:
         raise ConfigError(f"horovod.run: func or its arguments cannot be pickled: {exc}") from exc
     result = launch(

@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import cloudpickle
-
 from sparktrain.errors import ConfigError
+from sparktrain.plan import pickling
 
 
 @dataclass(frozen=True)
@@ -26,7 +25,7 @@ class FunctionEntry:
 
     Attributes:
         name: The function's qualified name, for messages.
-        payload: ``cloudpickle.dumps((fn, args, kwargs))``.
+        payload: ``pickling.dumps((fn, args, kwargs))`` (cloudpickle, file names kept).
     """
 
     name: str
@@ -73,7 +72,7 @@ def make_entrypoint(
         )
     name = getattr(main, "__qualname__", None) or repr(main)
     try:
-        payload = cloudpickle.dumps((main, tuple(args), kwargs))
+        payload = pickling.dumps((main, tuple(args), kwargs))
     except Exception as exc:
         culprit = find_unpicklable(main, args, kwargs)
         raise ConfigError(
@@ -103,7 +102,7 @@ def _script(
 
 def _pickles(value: object) -> Exception | None:
     try:
-        cloudpickle.dumps(value)
+        pickling.dumps(value)
     except Exception as exc:
         return exc
     return None

@@ -54,10 +54,10 @@ def _is_connect(session: Any) -> bool:
 
 def write_objects(session: Any, path: str, value: Any, mode: str) -> None:
     """Pickle ``value`` into ``path`` as rows of at most :data:`CHUNK` bytes."""
-    import cloudpickle
+    from sparktrain.plan import pickling
 
     try:
-        data = cloudpickle.dumps(value)
+        data = pickling.dumps(value)
     except Exception as exc:
         raise ConfigError(f"the stage's objects cannot be pickled for saving: {exc}") from exc
     rows = [(i, data[at : at + CHUNK]) for i, at in enumerate(range(0, len(data), CHUNK))]

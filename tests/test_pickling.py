@@ -1,0 +1,36 @@
+"""Functions sent by value keep their file name (cloudpickle 3.1.3 replaced it with a dummy)."""
+
+from __future__ import annotations
+
+import pickle
+import sys
+import traceback
+import types
+
+from sparktrain.plan import pickling
+
+SOURCE = """
+def helper(x):
+    return 1 / x
+
+def entry():
+    inner = lambda: helper(0)
+    return inner()
+"""
+
+
+def test_code_sent_by_value_keeps_its_file_and_lines() -> None:
+    module = types.ModuleType("users_notebook_cell")  # not in sys.modules: goes by value
+    exec(compile(SOURCE, "/home/me/train.py", "exec"), module.__dict__)
+    assert "users_notebook_cell" not in sys.modules
+    entry = pickle.loads(pickling.dumps(module.entry))
+    assert entry is not module.entry
+    try:
+        entry()
+    except ZeroDivisionError as exc:
+        frames = traceback.extract_tb(exc.__traceback__)[1:]
+    assert [(f.filename, f.lineno, f.name) for f in frames] == [
+        ("/home/me/train.py", 7, "entry"),
+        ("/home/me/train.py", 6, "<lambda>"),
+        ("/home/me/train.py", 3, "helper"),
+    ]

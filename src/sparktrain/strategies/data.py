@@ -32,6 +32,9 @@ class EpochLoader:
 def prepare_data_loader(loader: Any, *, seed: int = 0, drop_last: bool = False) -> EpochLoader:
     """Shard ``loader``'s dataset over the ranks; ``set_epoch`` is called each epoch.
 
+    After ``prepare_model(..., tp=N)`` the shares go to the data-parallel groups: the ``tp``
+    ranks of a group get the same batches.
+
     Args:
         loader: A ``torch.utils.data.DataLoader`` over a map-style dataset.
         seed: Seed of the shuffle (the same on every rank).
@@ -39,9 +42,13 @@ def prepare_data_loader(loader: Any, *, seed: int = 0, drop_last: bool = False) 
     """
     from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
+    from sparktrain.strategies.mesh import data_share
+
     shuffle = isinstance(loader.sampler, RandomSampler)
+    share = data_share()  # under tp, the ranks of a tensor-parallel group read the same batches
+    placement = {} if share is None else {"num_replicas": share[0], "rank": share[1]}
     sampler: Any = DistributedSampler(
-        loader.dataset, shuffle=shuffle, seed=seed, drop_last=drop_last
+        loader.dataset, shuffle=shuffle, seed=seed, drop_last=drop_last, **placement
     )
     rebuilt = DataLoader(
         loader.dataset,

@@ -25,6 +25,7 @@ from typing import Any
 
 from sparktrain.errors import ConfigError
 from sparktrain.strategies import zero
+from sparktrain.strategies.composed import prepare_tensor_parallel
 from sparktrain.tracking.rank import log_params
 
 log = logging.getLogger("sparktrain.strategies")
@@ -96,12 +97,14 @@ def _fsdp(
     precision: str | None,
     reshard_after_forward: bool,
     cpu_offload: bool,
+    mesh: Any = None,
 ) -> Any:
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-    mesh = init_device_mesh(where.type, (_world().get_world_size(),))
+    if mesh is None:
+        mesh = init_device_mesh(where.type, (_world().get_world_size(),))
     options: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
     if precision is not None:
         dtype = torch.bfloat16 if precision == "bf16" else torch.float16
@@ -161,6 +164,8 @@ def prepare_model(
     gpu_memory: int | float | str | None = None,
     cpu_memory: int | float | str | None = None,
     deepspeed_config: dict[str, Any] | None = None,
+    tp: int = 1,
+    parallelize_plan: dict[str, Any] | None = None,
 ) -> Any:
     """Move ``model`` to this rank's device and wrap it for ``strategy``.
 
@@ -178,6 +183,12 @@ def prepare_model(
         cpu_memory: ``auto``: CPU memory of one node, for the offload strategies.
         deepspeed_config: ZeRO strategies: settings merged over the stage's defaults (and over
             the configuration given to ``DeepspeedTorchDistributor``).
+        tp: Tensor-parallel degree (``ddp`` or ``fsdp``): each layer split over ``tp``
+            consecutive ranks of a node, the model sharded (``fsdp``) over the rest. Build the
+            model identically (same seed) on every rank. See
+            :mod:`sparktrain.strategies.tensor_parallel`.
+        parallelize_plan: Your own tensor-parallel plan (module name to a
+            ``torch.distributed.tensor.parallel`` style) instead of the built-in one.
 
     Returns:
         The wrapped module (``DistributedDataParallel``, or the module sharded in place).
@@ -202,8 +213,20 @@ def prepare_model(
         {
             "strategy": name,
             **({f"fsdp_{k}": v for k, v in options.items()} if name == "fsdp" else {}),
+            **({"tp": tp} if tp != 1 else {}),
         }
     )
+    if tp != 1 or parallelize_plan is not None:
+        split = prepare_tensor_parallel(
+            model,
+            name,
+            where,
+            tp=tp,
+            plan=parallelize_plan,
+            shard=lambda m, w, mesh: _fsdp(m, w, precision=precision, mesh=mesh, **options),
+        )
+        object.__setattr__(split, "_sparktrain_skeleton", skeleton)
+        return split
     if name == "ddp":
         return _ddp(model, where)
     if name in zero.STAGES:

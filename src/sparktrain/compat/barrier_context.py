@@ -12,12 +12,16 @@ every rank already reaches), one partition per task as in the original. Its ``ba
 
 from __future__ import annotations
 
-import datetime
-import os
 from dataclasses import dataclass
 from typing import Any
 
-from sparktrain.rank.env import contract_int, contract_rank, cuda_visible_devices, restart_count
+from sparktrain.rank.env import (
+    contract_int,
+    contract_rank,
+    contract_store,
+    cuda_visible_devices,
+    restart_count,
+)
 
 _PREFIX = "sparktrain/barrier/"
 
@@ -97,15 +101,8 @@ def install(host: str) -> RankBarrierContext:
     pyspark's classes are patched in this process (the rank) only.
     """
     from pyspark import BarrierTaskContext, TaskContext
-    from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
-    store = TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        is_master=False,
-        timeout=datetime.timedelta(seconds=600),
-    )
-    context = RankBarrierContext(store, host)
+    context = RankBarrierContext(contract_store(), host)
     BarrierTaskContext.get = classmethod(lambda cls: context)  # type: ignore[method-assign,assignment]
     TaskContext.get = classmethod(lambda cls: context)  # type: ignore[method-assign,assignment]
     return context

@@ -27,9 +27,10 @@ from typing import Any, Generic, TypeVar, overload
 
 from typing_extensions import ParamSpec, Unpack
 
-from sparktrain.driver.backend import BACKENDS, Backend
+from sparktrain.driver.backend import Backend, check_backend
 from sparktrain.errors import ConfigError
 from sparktrain.plan.front import FrontDoor
+from sparktrain.plan.layout import check_count, check_use_gpu
 from sparktrain.plan.options import RunOptions, RunOptionsArgs, run_options
 
 P = ParamSpec("P")
@@ -43,23 +44,6 @@ _SERVERLESS = {
     "gpu_type": "nothing: the GPUs are those of the machine or cluster the ranks run on",
     "remote": "backend='spark' (or 'ray') to run on a cluster; the default runs here",
 }
-
-
-def _check_layout(num_processes: object, use_gpu: object, backend: object) -> None:
-    if isinstance(num_processes, bool) or not isinstance(num_processes, int):
-        raise ConfigError(
-            f"num_processes={num_processes!r} ({type(num_processes).__name__}) is not an int; "
-            "pass a positive integer such as num_processes=2."
-        )
-    if num_processes < 1:
-        raise ConfigError(f"num_processes={num_processes} must be at least 1.")
-    if use_gpu is not None and not isinstance(use_gpu, bool):
-        raise ConfigError(f"use_gpu={use_gpu!r} must be True, False, or None (GPUs if any).")
-    if not isinstance(backend, Backend) and backend not in BACKENDS:
-        raise ConfigError(
-            f"backend={backend!r} is not one of: {', '.join(sorted(BACKENDS))} (or a "
-            "sparktrain.driver.backend.Backend)."
-        )
 
 
 class DistributedFunction(Generic[P, R]):
@@ -179,7 +163,9 @@ def distributed(
         )
     if "return_all" in option_args:
         raise ConfigError("return_all= does not apply: fn.distributed() returns every rank's.")
-    _check_layout(num_processes, use_gpu, backend)
+    check_count("num_processes", num_processes)
+    check_use_gpu(use_gpu)
+    check_backend(backend)
     checked = run_options(options, **option_args, return_all=True)
 
     def wrap(target: Callable[P, R]) -> DistributedFunction[P, R]:

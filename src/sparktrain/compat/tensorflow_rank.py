@@ -26,7 +26,6 @@ described to TensorFlow by ``TF_CONFIG``. Design choices:
 
 from __future__ import annotations
 
-import datetime
 import importlib.util
 import json
 import os
@@ -35,7 +34,7 @@ from typing import Any
 
 import cloudpickle
 
-from sparktrain.rank.env import contract_int, contract_rank
+from sparktrain.rank.env import contract_int, contract_rank, contract_store
 
 _PREFIX = "sparktrain/tf_worker/"
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -60,14 +59,7 @@ def own_host(master: str) -> str:
 
 def exchange(address: str, rank: int, world_size: int) -> list[str]:
     """Every rank's ``address``, in rank order, through the run's TCPStore."""
-    from torch.distributed import TCPStore  # type: ignore[attr-defined]
-
-    store = TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        is_master=False,
-        timeout=datetime.timedelta(seconds=600),
-    )
+    store = contract_store()
     store.set(f"{_PREFIX}{rank}", address)
     return [bytes(store.get(f"{_PREFIX}{r}")).decode() for r in range(world_size)]
 

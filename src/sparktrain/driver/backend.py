@@ -137,6 +137,17 @@ def _ray(*, topology: Topology | None, ray_address: str | None, front: FrontDoor
 BACKENDS: dict[str, Callable[..., Backend]] = {"local": _local, "ray": _ray, "spark": _spark}
 
 
+def check_backend(backend: object) -> None:
+    """Refuse a ``backend`` that is neither a known name nor a :class:`Backend`."""
+    if not isinstance(backend, Backend) and (
+        not isinstance(backend, str) or backend not in BACKENDS
+    ):
+        raise ConfigError(
+            f"backend={backend!r} is not one of: {', '.join(sorted(BACKENDS))} (or a "
+            "sparktrain.driver.backend.Backend)."
+        )
+
+
 def make_backend(
     backend: object,
     *,
@@ -152,9 +163,6 @@ def make_backend(
     """
     if isinstance(backend, Backend):
         return backend
-    if not isinstance(backend, str) or backend not in BACKENDS:
-        raise ConfigError(
-            f"backend={backend!r} is not one of: {', '.join(sorted(BACKENDS))} (or a "
-            "sparktrain.driver.backend.Backend)."
-        )
+    check_backend(backend)
+    assert isinstance(backend, str)
     return BACKENDS[backend](topology=topology, ray_address=ray_address, front=front)

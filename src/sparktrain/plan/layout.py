@@ -56,7 +56,8 @@ class LaunchPlan:
         return f"{self.world_size} ranks on {where}, {self.device}{gpus} ({self.dist_backend})"
 
 
-def _check_count(name: str, value: object) -> int:
+def check_count(name: str, value: object) -> int:
+    """``value`` as a count of at least 1, or the error naming ``name`` and the fix."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(
             f"{name}={value!r} ({type(value).__name__}) is not an int; pass a positive integer "
@@ -67,11 +68,14 @@ def _check_count(name: str, value: object) -> int:
     return value
 
 
-def _resolve_device(use_gpu: object, world_size: int, topology: Topology, name: str) -> Device:
+def check_use_gpu(use_gpu: object) -> None:
+    """Refuse a ``use_gpu`` that is not ``True``, ``False`` or ``None``."""
     if use_gpu is not None and not isinstance(use_gpu, bool):
-        raise ConfigError(
-            f"use_gpu={use_gpu!r} must be True, False, or None (GPUs when CUDA is available)."
-        )
+        raise ConfigError(f"use_gpu={use_gpu!r} must be True, False, or None (GPUs if any).")
+
+
+def _resolve_device(use_gpu: object, world_size: int, topology: Topology, name: str) -> Device:
+    check_use_gpu(use_gpu)
     gpus = len(topology.gpus)
     if use_gpu is False or (use_gpu is None and gpus == 0):
         return "cpu"
@@ -155,9 +159,8 @@ def make_cluster_plan(
             configured, a count that is not a multiple of the GPUs per task, or more tasks than
             the cluster can run at once.
     """
-    world_size = _check_count(name, num_processes)
-    if use_gpu is not None and not isinstance(use_gpu, bool):
-        raise ConfigError(f"use_gpu={use_gpu!r} must be True, False, or None.")
+    world_size = check_count(name, num_processes)
+    check_use_gpu(use_gpu)
     device: Device = "cuda" if use_gpu or (use_gpu is None and facts.task_gpus > 0) else "cpu"
     per_task, shares = 1, None
     if device == "cuda":
@@ -215,7 +218,7 @@ def make_plan(
     Raises:
         ConfigError: A value is out of range; the message says which and what to pass instead.
     """
-    world_size = _check_count(name, num_processes)
+    world_size = check_count(name, num_processes)
     device = _resolve_device(use_gpu, world_size, topology, name)
     return _assemble(
         world_size,

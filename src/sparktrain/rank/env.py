@@ -13,9 +13,11 @@ Nothing else in sparktrain passes values through environment variables.
 
 from __future__ import annotations
 
+import datetime
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 #: Variables owned by the contract: removed from the caller's environment before a rank's are set.
 CONTRACT_VARS = (
@@ -140,3 +142,15 @@ def contract_rank() -> int:
 def contract_int(name: str, default: int) -> int:
     """Inside a rank: the contract's integer ``name`` (``LOCAL_RANK``, ...), else ``default``."""
     return int(os.environ.get(name, "") or default)
+
+
+def contract_store(timeout_s: float = 600) -> Any:
+    """Inside a rank: a client of the run's TCPStore (``MASTER_ADDR:MASTER_PORT``)."""
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    return TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )

@@ -99,9 +99,7 @@ class RayOnSpark:
             shutdown_ray_cluster()
         left = procs.end(found | self.processes(), grace=EXIT_GRACE)
         _restore(self._saved)
-        _reload_auth()  # this process forgets the token before its file goes
-        if self.token_path is not None:
-            shutil.rmtree(os.path.dirname(self.token_path), ignore_errors=True)
+        _forget_token(self.token_path)
         if left:
             raise RuntimeError(
                 f"processes of the Ray cluster could not be killed: {sorted(p for p, _ in left)}"
@@ -152,6 +150,13 @@ def _reload_auth() -> None:
 
         Config.initialize("")
         AuthenticationTokenLoader.instance().reset_cache()
+
+
+def _forget_token(path: str | None) -> None:
+    """Make this process forget the cluster's token (its variables restored), then delete it."""
+    _reload_auth()
+    if path is not None:
+        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
 
 
 def _auth_mode(auth: object) -> str:
@@ -252,9 +257,7 @@ def setup_on_spark(
         )
     except BaseException:
         _restore(saved)
-        _reload_auth()
-        if token_path is not None:
-            shutil.rmtree(os.path.dirname(token_path), ignore_errors=True)
+        _forget_token(token_path)
         raise
     finally:
         hook.EXTRA_ENV.clear()  # the token lives on only in the cluster's processes

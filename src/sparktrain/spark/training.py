@@ -15,11 +15,11 @@ epoch, and the MLflow model it logged.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparktrain.rank.env import contract_rank
 from sparktrain.spark import outputs, tasks
 
 #: Rows of the training data kept as the MLflow input example (the model's signature).
@@ -200,6 +200,6 @@ def run_fit(job: FitJob) -> FitOutcome | None:
     widths = tuple(None if t.dim() == 1 else int(t[0].numel()) for t in features)
     signature = {"input_example": features[0]} if len(features) == 1 else {}
     uri = tracking.log_model(plain, **signature)
-    if int(os.environ.get("RANK", "0")) != 0:
+    if contract_rank() != 0:
         return None
     return FitOutcome(plain, spec, widths, tuple(history), uri)

@@ -8,10 +8,10 @@ layer by layer. FSDP2 reshards the tensor-parallel parameters onto the 2-D mesh 
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from sparktrain.errors import ConfigError
+from sparktrain.rank.env import contract_int
 from sparktrain.strategies.mesh import MeshShape, build_mesh, mesh_shape
 from sparktrain.strategies.tensor_parallel import apply_tensor_parallel
 
@@ -21,7 +21,7 @@ COMPOSABLE = ("ddp", "fsdp")
 
 def check_mesh(strategy: str, world_size: int, tp: object) -> MeshShape:
     """The mesh for ``strategy`` with ``tp`` on this run's layout, or the error naming the fix."""
-    shape = mesh_shape(world_size, tp=tp, node_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    shape = mesh_shape(world_size, tp=tp, node_size=contract_int("LOCAL_WORLD_SIZE", 1))
     if strategy not in COMPOSABLE:
         raise ConfigError(
             f"strategy={strategy!r} does not compose with tp={shape.tp}: use strategy='fsdp' "

@@ -38,6 +38,7 @@ def test_public_names() -> None:
         "checkpoint",
         "deepspeed_config",
         "distributed",
+        "forward_backward",
         "full_state_dict",
         "launch",
         "log_metrics",

@@ -245,3 +245,20 @@ def test_streamed_parquet_on_ray(ray_address: str, tmp_path: Path) -> None:
     shares = result.return_values
     assert len(shares[0]) == len(shares[1]) == 501
     assert set(shares[0]) | set(shares[1]) == set(range(test_data.ROWS))
+
+
+def test_pipeline_stages_on_ray(ray_address: str) -> None:
+    from tests import test_pipeline, test_tensor_parallel
+
+    for module in (test_pipeline, test_tensor_parallel):
+        cloudpickle.register_pickle_by_value(module)
+    options = {"pp": 2, "schedule": "1f1b", "microbatches": 2}
+    result = launch(
+        test_pipeline.train,
+        ("ddp", options),
+        num_processes=2,
+        use_gpu=False,
+        backend="ray",
+        ray_address=ray_address,
+    )
+    assert result.value[0] == pytest.approx(test_pipeline.reference(), rel=1e-5, abs=1e-6)

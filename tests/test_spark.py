@@ -356,3 +356,15 @@ def test_mlflow_tracking_on_spark(
     assert run.info.status == "FINISHED" and run.data.params["backend"] == "spark"
     history = client.get_metric_history(run.info.run_id, "loss")
     assert sorted(m.step for m in history) == [0, 1, 2, 3]  # rank 0 only: one copy per step
+
+
+def test_pipeline_stages_across_two_executors(spark: object) -> None:
+    """pp=2 over two executors (one rank each): the stages span nodes, as pp does by default."""
+    from tests import test_pipeline, test_tensor_parallel
+
+    for module in (test_pipeline, test_tensor_parallel):
+        cloudpickle.register_pickle_by_value(module)
+    options = {"pp": 2, "schedule": "gpipe", "microbatches": 2}
+    result = launch(test_pipeline.train, ("ddp", options), num_processes=2, backend="spark")
+    assert result.value[0] == pytest.approx(test_pipeline.reference(), rel=1e-5, abs=1e-6)
+    assert [node.ranks for node in result.nodes] == [(0,), (1,)]

@@ -78,6 +78,29 @@ def _loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(model(x).reshape(-1, VOCAB), y.reshape(-1))
 
 
+def share_of_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's data-parallel group's share of the batch (a tp group's ranks: the same)."""
+    from sparktrain.strategies.mesh import data_share
+
+    x, y = _batch()
+    share = data_share()
+    assert share is not None
+    replicas, index = share
+    return x.chunk(replicas)[index], y.chunk(replicas)[index]
+
+
+def resume_from(model: Any, checkpoints: str | None) -> int:
+    """Load the newest sharded checkpoint into ``model`` in place; its step."""
+    import sparktrain
+
+    assert checkpoints is not None
+    state = model.state_dict()
+    found = sparktrain.checkpoint.load_latest(checkpoints, into=state)
+    assert found is not None
+    model.load_state_dict(state)
+    return found.step
+
+
 def _reference(steps: int = STEPS) -> list[float]:
     torch.manual_seed(0)
     model = Tiny()
@@ -97,25 +120,13 @@ def _train(strategy: str, tp: int, checkpoints: str | None = None, resume: bool 
     import torch.distributed as dist
 
     import sparktrain
-    from sparktrain.strategies.mesh import data_share
 
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     model = sparktrain.prepare_model(Tiny(), strategy, tp=tp)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    x, y = _batch()
-    share = data_share()
-    assert share is not None
-    replicas, index = share
-    x, y = x.chunk(replicas)[index], y.chunk(replicas)[index]  # the tp ranks of a group: the same
-    first = 0
-    if resume:
-        assert checkpoints is not None
-        state = model.state_dict()
-        found = sparktrain.checkpoint.load_latest(checkpoints, into=state)
-        assert found is not None
-        model.load_state_dict(state)
-        first = found.step
+    x, y = share_of_batch()
+    first = resume_from(model, checkpoints) if resume else 0
     losses = []
     for step in range(first, STEPS):
         if checkpoints and not resume and step == 2:

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from sparktrain.strategies import (
         backward,
         deepspeed_config,
+        forward_backward,
         full_state_dict,
         prepare_data_loader,
         prepare_model,
@@ -68,6 +69,7 @@ __all__ = [
     "checkpoint",
     "deepspeed_config",
     "distributed",
+    "forward_backward",
     "full_state_dict",
     "launch",
     "log_metrics",
@@ -106,6 +108,7 @@ _LAZY = {
     "prepare_model": ("sparktrain.strategies", "prepare_model"),
     "prepare_data_loader": ("sparktrain.strategies", "prepare_data_loader"),
     "full_state_dict": ("sparktrain.strategies", "full_state_dict"),
+    "forward_backward": ("sparktrain.strategies", "forward_backward"),
     "prepare_optimizer": ("sparktrain.strategies", "prepare_optimizer"),
     "backward": ("sparktrain.strategies", "backward"),
     "deepspeed_config": ("sparktrain.strategies", "deepspeed_config"),

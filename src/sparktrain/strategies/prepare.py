@@ -25,7 +25,7 @@ from typing import Any
 
 from sparktrain.errors import ConfigError
 from sparktrain.strategies import zero
-from sparktrain.strategies.composed import prepare_tensor_parallel
+from sparktrain.strategies.composed import Pipelining, prepare_parallel
 from sparktrain.tracking.rank import log_params
 
 log = logging.getLogger("sparktrain.strategies")
@@ -166,6 +166,11 @@ def prepare_model(
     deepspeed_config: dict[str, Any] | None = None,
     tp: int = 1,
     parallelize_plan: dict[str, Any] | None = None,
+    pp: int = 1,
+    schedule: str = "1f1b",
+    microbatches: int | None = None,
+    stages_per_rank: int | None = None,
+    split_points: list[str] | None = None,
 ) -> Any:
     """Move ``model`` to this rank's device and wrap it for ``strategy``.
 
@@ -189,9 +194,21 @@ def prepare_model(
             :mod:`sparktrain.strategies.tensor_parallel`.
         parallelize_plan: Your own tensor-parallel plan (module name to a
             ``torch.distributed.tensor.parallel`` style) instead of the built-in one.
+        pp: Pipeline stages (``ddp`` or ``fsdp``; the model an ``nn.Sequential``): its
+            children cut into ``pp`` runs over ranks ``tp * dp`` apart (across nodes). Train
+            with :func:`forward_backward`. See :mod:`sparktrain.strategies.pipeline`.
+        schedule: ``pp``: ``"1f1b"``, ``"gpipe"``, ``"interleaved1f1b"``, ``"loopedbfs"`` or
+            ``"interleavedzerobubble"`` (the last three run several stages a rank).
+        microbatches: ``pp``: micro-batches each batch is split into (default ``pp``); more
+            shrink the pipeline bubble, ``(pp - 1) / (microbatches + pp - 1)`` of the step.
+        stages_per_rank: ``pp``: stages each rank runs (default 1, or 2 for the interleaved
+            schedules).
+        split_points: ``pp``: the children that begin stages 2, 3, ... (default: cut where
+            the stages' parameter counts are most even).
 
     Returns:
-        The wrapped module (``DistributedDataParallel``, or the module sharded in place).
+        The wrapped module (``DistributedDataParallel``, the module sharded in place, or with
+        ``pp`` a :class:`~sparktrain.strategies.pipeline.PipelineModel` of this rank's stages).
 
     Raises:
         ConfigError: Unknown strategy (the message lists them), no process group, or ``auto``
@@ -214,15 +231,18 @@ def prepare_model(
             "strategy": name,
             **({f"fsdp_{k}": v for k, v in options.items()} if name == "fsdp" else {}),
             **({"tp": tp} if tp != 1 else {}),
+            **({"pp": pp, "pp_schedule": schedule} if pp != 1 else {}),
         }
     )
-    if tp != 1 or parallelize_plan is not None:
-        split = prepare_tensor_parallel(
+    if tp != 1 or pp != 1 or parallelize_plan is not None:
+        split = prepare_parallel(
             model,
             name,
             where,
             tp=tp,
+            pp=pp,
             plan=parallelize_plan,
+            pipelining=Pipelining(schedule, microbatches, stages_per_rank, split_points),
             shard=lambda m, w, mesh: _fsdp(m, w, precision=precision, mesh=mesh, **options),
         )
         object.__setattr__(split, "_sparktrain_skeleton", skeleton)
@@ -257,16 +277,46 @@ def backward(loss: Any, optimizer: Any = None) -> None:
         loss.backward()
 
 
+def forward_backward(
+    model: Any, inputs: Any, target: Any, loss_fn: Any, optimizer: Any = None
+) -> Any:
+    """One batch's forward and backward under any strategy; the loss, detached, on every rank.
+
+    ``loss_fn(model(inputs), target)`` then :func:`backward`; for a pipelined model
+    (``prepare_model(..., pp=N)``) the pipeline schedule runs every micro-batch through the
+    stages (the first stage reads ``inputs``, the last ``target``) and the mean micro-batch loss
+    comes back on every rank. Step the optimizer after it as usual.
+
+    Args:
+        model: What :func:`prepare_model` returned.
+        inputs: The batch's inputs (a tensor, or a tuple of the model's positional inputs).
+        target: The batch's targets.
+        loss_fn: ``fn(output, target) -> loss`` with a mean reduction.
+        optimizer: What :func:`prepare_optimizer` returned (needed for the ZeRO strategies).
+    """
+    if hasattr(model, "_stages"):
+        return model.step(inputs, target, loss_fn)
+    output = model(*inputs) if isinstance(inputs, tuple) else model(inputs)
+    loss = loss_fn(output, target)
+    backward(loss, optimizer)
+    return loss.detach()
+
+
 def full_state_dict(model: Any) -> dict[str, Any]:
     """The whole, unwrapped ``state_dict`` of a DDP or FSDP model, on every rank, on the CPU.
 
-    A collective for FSDP (the shards are gathered): call it on every rank.
+    A collective for FSDP and pipelines (the shards and stages are gathered): call it on every
+    rank.
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.nn.parallel import DistributedDataParallel
 
     if isinstance(model, zero.ZeroModel):
         return zero.full_state(model)
+    if hasattr(model, "_stages"):  # a PipelineModel: each stage whole, then every stage
+        from sparktrain.strategies.pipeline import gather_state
+
+        return dict(gather_state(model, full_state_dict))
     if isinstance(model, DistributedDataParallel):
         model = model.module
     options = StateDictOptions(full_state_dict=True, cpu_offload=False)

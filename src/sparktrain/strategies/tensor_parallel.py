@@ -127,8 +127,13 @@ def _local_heads(model: Any, attention: list[str], tp: int) -> None:
                 setattr(module, attr, count // tp)
 
 
-def apply_tensor_parallel(model: Any, tp_mesh: Any, plan: dict[str, Any] | None) -> list[str]:
+def apply_tensor_parallel(
+    model: Any, tp_mesh: Any, plan: dict[str, Any] | None, *, part: bool = False
+) -> list[str]:
     """Split ``model`` over ``tp_mesh`` in place by ``plan`` (built-in when ``None``).
+
+    With ``part=True`` the module is one pipeline stage of a model already checked whole
+    (:func:`check_plan`): it may hold nothing to split, and plan keys of other stages are skipped.
 
     Returns:
         The names of the modules that were split, for the log.
@@ -142,14 +147,10 @@ def apply_tensor_parallel(model: Any, tp_mesh: Any, plan: dict[str, Any] | None)
     tp = int(tp_mesh.size())
     if plan is None:
         found, attention = builtin_plan(model, tp)
+        if not found and part:
+            return []
         if not found:
-            raise ConfigError(
-                f"tp={tp}: the model has no layer the built-in plan splits (pairs of nn.Linear "
-                f"named {'/'.join(COLUMN[:3])} + {ROW[0]}, q_proj/k_proj/v_proj + o_proj, "
-                "w1/w3 + w2, gate_proj/up_proj + down_proj, fc1 + fc2 or linear1 + linear2, in "
-                "the same module). Pass parallelize_plan={'layers.*.attn.q': ColwiseParallel(), "
-                "...} with torch.distributed.tensor.parallel's styles, or use tp=1."
-            )
+            raise _nothing_to_split(tp)
         styles = _styles(found)
         _local_heads(model, attention, tp)
     else:
@@ -158,8 +159,36 @@ def apply_tensor_parallel(model: Any, tp_mesh: Any, plan: dict[str, Any] | None)
                 f"parallelize_plan={plan!r} must be a non-empty dict of module name to a "
                 "torch.distributed.tensor.parallel style (ColwiseParallel(), ...)."
             )
+        if part:
+            names = [n for n, _ in model.named_modules() if n]
+            plan = {k: v for k, v in plan.items() if any(_matches(k, n) for n in names)}
+            if not plan:
+                return []
         _check_names(model, plan)
         styles = plan
     parallelize_module(model, tp_mesh, styles)
     log.info("tensor parallel over %d ranks: %s", tp, ", ".join(sorted(styles)))
     return sorted(styles)
+
+
+def check_plan(model: Any, tp: int, plan: dict[str, Any] | None) -> None:
+    """Check the plan against the whole model before it is cut into pipeline stages.
+
+    Raises:
+        ConfigError: As :func:`apply_tensor_parallel` would on the whole model.
+    """
+    if plan is None:
+        if not builtin_plan(model, tp)[0]:
+            raise _nothing_to_split(tp)
+    elif isinstance(plan, dict) and plan:
+        _check_names(model, plan)
+
+
+def _nothing_to_split(tp: int) -> ConfigError:
+    return ConfigError(
+        f"tp={tp}: the model has no layer the built-in plan splits (pairs of nn.Linear "
+        f"named {'/'.join(COLUMN[:3])} + {ROW[0]}, q_proj/k_proj/v_proj + o_proj, "
+        "w1/w3 + w2, gate_proj/up_proj + down_proj, fc1 + fc2 or linear1 + linear2, in "
+        "the same module). Pass parallelize_plan={'layers.*.attn.q': ColwiseParallel(), "
+        "...} with torch.distributed.tensor.parallel's styles, or use tp=1."
+    )

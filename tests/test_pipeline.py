@@ -12,8 +12,8 @@ from tests.test_tensor_parallel import DIM, VOCAB, Block, _batch, resume_from, s
 from torch import nn
 
 from sparktrain import ConfigError, launch
+from sparktrain.planner.partition import balanced_bounds
 from sparktrain.strategies.split import (
-    balanced_bounds,
     check_microbatches,
     check_schedule,
     split_children,

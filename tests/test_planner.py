@@ -534,7 +534,7 @@ def test_cli_plan_options_are_frozen() -> None:
         "-h", "--help", "--params", "--hf-config", "--gpus-per-node", "--nodes", "--gpu-memory",
         "--cpu-memory", "--precision", "--optimizer", "--headroom", "--seq-len", "--batch-size",
         "--hidden-size", "--layers", "--heads", "--vocab-size", "--checkpointing",
-        "--attention-scores", "--json", "--advise-cluster",
+        "--attention-scores", "--json", "--advise-cluster", "--microbatches", "--tied-embeddings",
     }  # fmt: skip
     done = subprocess.run(
         [sys.executable, "-m", "sparktrain", "plan", "--help"],

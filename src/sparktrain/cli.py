@@ -134,6 +134,12 @@ def _add_plan_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     acts.add_argument("--vocab-size", type=int, default=None, help="vocabulary size (logits)")
     acts.add_argument("--checkpointing", action="store_true", help="full activation checkpointing")
     acts.add_argument(
+        "--microbatches", type=int, default=None, help="micro-batches per pipeline step (4*pp)"
+    )
+    acts.add_argument(
+        "--tied-embeddings", action="store_true", help="the output head shares the embedding"
+    )
+    acts.add_argument(
         "--attention-scores",
         action="store_true",
         help="attention stores the s x s scores (eager attention, not FlashAttention/SDPA)",
@@ -234,6 +240,8 @@ def _plan(options: argparse.Namespace) -> str:
             else parse_bytes(options.cpu_memory, name="--cpu-memory"),
             activation=activation,
             headroom=options.headroom,
+            microbatches=options.microbatches,
+            tied_embeddings=options.tied_embeddings,
         )
         shown.append(str(result))
         data.update(result.to_dict())

@@ -17,6 +17,7 @@ from typing import Any
 from sparktrain.errors import ConfigError
 from sparktrain.planner.activations import ActivationEstimate, Activations, estimate_activations
 from sparktrain.planner.bytemodel import ByteModel, Optimizer, Precision, byte_model
+from sparktrain.planner.mesh import MeshEstimate, MeshShapeSpec, plan_meshes
 from sparktrain.planner.model import ModelSize, model_size
 from sparktrain.planner.recommend import StrategyEstimate, assess, recommend
 from sparktrain.planner.strategies import (
@@ -48,6 +49,10 @@ class MemoryPlan:
         recommended: The strategy to use, or ``None`` when nothing fits.
         reasons: Why, in plain sentences.
         assumptions: What the numbers assume, to print with them.
+        meshes: Tensor x pipeline x FSDP meshes (when the activations are estimated), in order
+            of preference; see :mod:`sparktrain.planner.mesh`.
+        recommended_mesh: The mesh to use, or ``None`` (not estimated, or nothing fits).
+        mesh_reasons: Why.
     """
 
     model: ModelSize
@@ -62,6 +67,25 @@ class MemoryPlan:
     recommended: Strategy | None
     reasons: tuple[str, ...]
     assumptions: tuple[str, ...]
+    meshes: tuple[MeshEstimate, ...] = ()
+    recommended_mesh: MeshEstimate | None = None
+    mesh_reasons: tuple[str, ...] = ()
+
+    def mesh(self, tp: int = 1, pp: int = 1) -> MeshEstimate:
+        """The estimate of one mesh by its tensor and pipeline degrees.
+
+        Raises:
+            ConfigError: No such mesh was planned (activations not given, or it does not fit
+                the cluster's layout).
+        """
+        for estimate in self.meshes:
+            if (estimate.tp, estimate.pp) == (tp, pp):
+                return estimate
+        planned = ", ".join(f"tp={e.tp} pp={e.pp}" for e in self.meshes) or "none"
+        raise ConfigError(
+            f"no mesh tp={tp} pp={pp} in this plan (planned: {planned}). Meshes need the "
+            "activations (seq_len=..., micro_batch=...) and a tp that divides gpus_per_node."
+        )
 
     @property
     def world_size(self) -> int:
@@ -90,7 +114,7 @@ class MemoryPlan:
 
 
 def plan(
-    model_or_param_count: object,
+    model_or_param_count: object = None,
     *,
     gpus_per_node: int,
     nodes: int = 1,
@@ -100,6 +124,14 @@ def plan(
     cpu_memory: int | float | str | None = None,
     activation: Activations | None = None,
     headroom: float = DEFAULT_HEADROOM,
+    params: int | str | None = None,
+    layers: int | None = None,
+    hidden: int | None = None,
+    vocab: int | None = None,
+    seq_len: int | None = None,
+    micro_batch: int | None = None,
+    microbatches: int | None = None,
+    tied_embeddings: bool = False,
 ) -> MemoryPlan:
     """Work out the memory per GPU of DDP, ZeRO-1/2/3 and the offload variants; recommend one.
 
@@ -120,6 +152,18 @@ def plan(
             model does not give it) to estimate activations; ``None`` leaves them out.
         headroom: Fraction of each memory kept free for the CUDA context, fragmentation,
             communication buffers and, when not estimated, activations.
+        params: The parameter count, instead of ``model_or_param_count``.
+        layers: Transformer layers (with ``hidden``, ``seq_len``, ``micro_batch``: the shape
+            for activations and meshes, as ``Activations(...)`` gives it).
+        hidden: Hidden size.
+        vocab: Vocabulary size (the embedding, the head and the logits).
+        seq_len: Tokens per sequence.
+        micro_batch: Sequences per micro-batch per GPU.
+        microbatches: Micro-batches per step of a pipeline (default ``4 * pp``).
+        tied_embeddings: Whether the output head shares the embedding's weight.
+
+    With the activations known, the plan also holds every tensor x pipeline x FSDP mesh the
+    cluster allows (:attr:`MemoryPlan.meshes`) and the one to use (``recommended_mesh``).
 
     Returns:
         A :class:`MemoryPlan`; ``str()`` of it is a table with the recommendation.
@@ -127,7 +171,20 @@ def plan(
     Raises:
         ConfigError: A bad value; the message names it and says what to pass.
     """
-    size = model_size(model_or_param_count)
+    if (model_or_param_count is None) == (params is None):
+        raise ConfigError(
+            "plan() needs the model once: a model, a config or a count as the first argument, "
+            "or params=... (e.g. params='13B'), not both or neither."
+        )
+    size = model_size(model_or_param_count if params is None else params)
+    activation = _shape(
+        activation,
+        layers=layers,
+        hidden=hidden,
+        vocab=vocab,
+        seq_len=seq_len,
+        micro_batch=micro_batch,
+    )
     bytes_model = byte_model(precision, optimizer)
     gpus_per_node = _check_count("gpus_per_node", gpus_per_node)
     nodes = _check_count("nodes", nodes)
@@ -159,7 +216,32 @@ def plan(
     recommended, reasons = recommend(
         estimates, gpu_memory=gpu_bytes, cpu_memory=cpu_bytes, headroom=headroom
     )
+    meshes: tuple[MeshEstimate, ...] = ()
+    chosen_mesh: MeshEstimate | None = None
+    mesh_reasons: tuple[str, ...] = ()
+    if activation is not None:
+        spec = _mesh_spec(size, activation, precision, microbatches, tied_embeddings)
+        meshes, chosen_mesh, mesh_reasons = plan_meshes(
+            spec,
+            bytes_model,
+            gpus_per_node=gpus_per_node,
+            nodes=nodes,
+            gpu_memory=gpu_bytes,
+            headroom=headroom,
+        )
+    assumptions = _assumptions(size, bytes_model, gpus_per_node * nodes, acts, headroom)
+    if meshes:
+        assumptions += (
+            "meshes: stages cut where parameters are most even; tp splits layer projections "
+            "(not norms) and the embedding, the head stays whole; FSDP gathers one layer; "
+            "activations s*b*h*(10 + 24/t) per layer (Korthikanti et al. 2022, table 2), "
+            "min(m, pp - i) micro-batches in flight on stage i under 1F1B, "
+            f"m = {microbatches or '4*pp'} micro-batches a step",
+        )
     return MemoryPlan(
+        meshes=meshes,
+        recommended_mesh=chosen_mesh,
+        mesh_reasons=mesh_reasons,
         model=size,
         bytes_model=bytes_model,
         gpus_per_node=gpus_per_node,
@@ -171,7 +253,69 @@ def plan(
         estimates=estimates,
         recommended=recommended,
         reasons=reasons,
-        assumptions=_assumptions(size, bytes_model, gpus_per_node * nodes, acts, headroom),
+        assumptions=assumptions,
+    )
+
+
+def _shape(
+    activation: Activations | None,
+    *,
+    layers: int | None,
+    hidden: int | None,
+    vocab: int | None,
+    seq_len: int | None,
+    micro_batch: int | None,
+) -> Activations | None:
+    given = {"layers": layers, "hidden": hidden, "vocab": vocab}
+    given.update(seq_len=seq_len, micro_batch=micro_batch)
+    named = {k: v for k, v in given.items() if v is not None}
+    if not named:
+        return activation
+    if activation is not None:
+        raise ConfigError(
+            f"plan() got activation=... and {', '.join(named)}: give the shape one way."
+        )
+    if seq_len is None or micro_batch is None:
+        raise ConfigError(
+            f"plan({', '.join(f'{k}={v}' for k, v in named.items())}) needs seq_len and "
+            "micro_batch as well (tokens per sequence, sequences per GPU per micro-batch), e.g. "
+            "seq_len=4096, micro_batch=1."
+        )
+    return Activations(
+        seq_len=seq_len,
+        batch_size=micro_batch,
+        hidden_size=hidden,
+        num_layers=layers,
+        vocab_size=vocab,
+    )
+
+
+def _mesh_spec(
+    size: ModelSize,
+    act: Activations,
+    precision: Precision,
+    microbatches: int | None,
+    tied: bool,
+) -> MeshShapeSpec:
+    if microbatches is not None:
+        _check_count("microbatches", microbatches)
+    layers = act.num_layers or size.num_layers
+    hidden = act.hidden_size or size.hidden_size
+    assert layers is not None and hidden is not None  # estimate_activations checked them
+    return MeshShapeSpec(
+        params=size.params,
+        trainable_params=size.trainable_params,
+        layers=layers,
+        hidden=hidden,
+        heads=act.num_heads or size.num_heads or 1,
+        vocab=act.vocab_size or size.vocab_size or 0,
+        tied=tied,
+        seq_len=act.seq_len,
+        micro_batch=act.batch_size,
+        microbatches=microbatches,
+        width=2 if precision == "fp32" else 1,
+        checkpointing=act.checkpointing,
+        attention_scores=act.attention_scores,
     )
 
 

@@ -14,6 +14,7 @@ from sparktrain.planner.units import format_bytes, format_count
 if TYPE_CHECKING:
     from sparktrain.planner.api import MemoryPlan
     from sparktrain.planner.cluster import ClusterAdvice, ClusterOption
+    from sparktrain.planner.mesh import MeshEstimate
 
 _HEADER = ("strategy", "params", "grads", "optimizer", "other", "GPU total", "of GPU", "CPU/node")
 
@@ -57,6 +58,8 @@ def render_plan(plan: MemoryPlan) -> str:
     else:
         lines.append(f"Recommended: {plan.recommended} - {INFO[plan.recommended].title}")
     lines += [f"  - {reason}" for reason in plan.reasons]
+    if plan.meshes:
+        lines += ["", *_render_meshes(plan)]
     lines.append("")
     lines.append("Assumptions:")
     lines += [f"  - {line}" for line in plan.assumptions]
@@ -109,7 +112,56 @@ def plan_to_dict(plan: MemoryPlan) -> dict[str, Any]:
         ],
         "recommended": plan.recommended,
         "reasons": list(plan.reasons),
+        "meshes": [_mesh_dict(e) for e in plan.meshes],
+        "recommended_mesh": None if plan.recommended_mesh is None else plan.recommended_mesh.name,
+        "mesh_reasons": list(plan.mesh_reasons),
         "assumptions": list(plan.assumptions),
+    }
+
+
+def _render_meshes(plan: MemoryPlan) -> list[str]:
+    lines = ["Meshes (tensor x pipeline x FSDP, per GPU on the fullest stage; 1F1B schedule):"]
+    rows = [("mesh", "states", "gathered", "activations", "GPU total", "of GPU", "bubble", "fits")]
+    for e in plan.meshes:
+        rows.append(
+            (
+                e.name,
+                format_bytes(e.states),
+                format_bytes(e.gathered) if e.gathered else "-",
+                format_bytes(e.activations),
+                format_bytes(e.total),
+                f"{e.total / plan.gpu_memory:.0%}",
+                f"{e.bubble:.0%}" if e.pp > 1 else "-",
+                _verdict(e.fits, e.fits_with_headroom, True),
+            )
+        )
+    lines += _table(rows)
+    lines.append("")
+    chosen = plan.recommended_mesh
+    if chosen is None:
+        lines.append("Recommended mesh: nothing fits")
+    else:
+        call = f"prepare_model(model, 'fsdp', tp={chosen.tp}, pp={chosen.pp})"
+        lines.append(f"Recommended mesh: {chosen.name}  ({call})")
+    lines += [f"  - {reason}" for reason in plan.mesh_reasons]
+    return lines
+
+
+def _mesh_dict(e: MeshEstimate) -> dict[str, Any]:
+    return {
+        "tp": e.tp,
+        "pp": e.pp,
+        "dp": e.dp,
+        "microbatches": e.microbatches,
+        "stage_layers": list(e.stage_layers),
+        "stage_states_bytes": list(e.stage_states),
+        "states_bytes": e.states,
+        "gathered_bytes": e.gathered,
+        "activation_bytes": e.activations,
+        "gpu_total_bytes": e.total,
+        "bubble": round(e.bubble, 4),
+        "fits": e.fits,
+        "fits_with_headroom": e.fits_with_headroom,
     }
 
 

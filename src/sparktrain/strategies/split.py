@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from itertools import pairwise
 
 from sparktrain.errors import ConfigError
+from sparktrain.planner.partition import balanced_bounds
 
 #: The schedules ``prepare_model(pp=...)`` takes, by our name, with torch's class name.
 SCHEDULES = {
@@ -26,35 +27,6 @@ SCHEDULES = {
 }
 #: Schedules that run several stages on each rank (``stages_per_rank`` >= 2).
 MULTI_STAGE = ("interleaved1f1b", "loopedbfs", "interleavedzerobubble")
-
-
-def balanced_bounds(sizes: Sequence[int], parts: int) -> list[tuple[int, int]]:
-    """``[(start, stop), ...]``: ``parts`` contiguous runs of ``sizes`` with the smallest maximum.
-
-    Ties go to the earliest cut; every run holds at least one item.
-    """
-    count = len(sizes)
-    prefix = [0]
-    for size in sizes:
-        prefix.append(prefix[-1] + size)
-    # best[k][i]: the smallest largest part when cutting the first i items into k parts.
-    inf = float("inf")
-    best = [[inf] * (count + 1) for _ in range(parts + 1)]
-    cut = [[0] * (count + 1) for _ in range(parts + 1)]
-    best[0][0] = 0
-    for k in range(1, parts + 1):
-        for i in range(k, count + 1):
-            for j in range(k - 1, i):
-                worst = max(best[k - 1][j], prefix[i] - prefix[j])
-                if worst < best[k][i]:
-                    best[k][i], cut[k][i] = worst, j
-    bounds: list[tuple[int, int]] = []
-    stop = count
-    for k in range(parts, 0, -1):
-        start = cut[k][stop]
-        bounds.append((start, stop))
-        stop = start
-    return bounds[::-1]
 
 
 def check_schedule(schedule: object, stages_per_rank: object) -> tuple[str, int]:

@@ -215,3 +215,32 @@ def _no_plan(tp: int, plan: Any) -> None:
 def test_errors_in_the_ranks_name_the_fix(tp: int, plan: Any, message: str) -> None:
     with pytest.raises(Exception, match=message):
         launch(_no_plan, (tp, plan), num_processes=2, use_gpu=False)
+
+
+SHAPE = {"layers": 2, "hidden": DIM, "vocab": VOCAB, "seq_len": 4096, "micro_batch": 8}
+
+
+def _auto(gpu_memory: str) -> Any:
+    import torch.distributed as dist
+
+    import sparktrain
+
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = sparktrain.prepare_model(Tiny(), "auto", gpu_memory=gpu_memory, plan_shape=SHAPE)
+    plain = getattr(model, "module", model)
+    return plain.layers[0].attention.n_heads, type(model).__name__
+
+
+def test_auto_follows_the_planners_mesh(capfd: pytest.CaptureFixture[str]) -> None:
+    from sparktrain.planner import plan
+
+    chosen = plan(Tiny(), gpus_per_node=2, gpu_memory="80MB", precision="fp32", **SHAPE)
+    assert chosen.recommended_mesh is not None and chosen.recommended_mesh.tp == 2
+    assert not chosen.mesh(1, 1).fits_with_headroom  # activations: FSDP alone does not fit
+    split = launch(_auto, ("80MB",), num_processes=2, use_gpu=False).value
+    assert split == (HEADS // 2, "FSDPTiny")  # tensor parallel, sharded over dp=1
+    whole = launch(_auto, ("1GB",), num_processes=2, use_gpu=False).value
+    assert whole == (HEADS, "DistributedDataParallel")  # room for everything: plain DDP
+    out = capfd.readouterr().out
+    assert "strategy='auto' chose tp=2 pp=1 dp=1 (runs as fsdp {'tp': 2, 'pp': 1})" in out

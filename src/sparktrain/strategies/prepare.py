@@ -8,7 +8,8 @@ Strategies (the registry lists them in its error):
   forward and backward (ZeRO-2: less communication, more memory); ``cpu_offload=True`` keeps
   shards and optimizer states in CPU memory (ZeRO-Offload).
 - ``auto``: :func:`sparktrain.plan` for this model and these GPUs picks the strategy with the
-  least communication that fits, and maps it onto the ones above (see :data:`AUTO_MAP`).
+  least communication that fits, and maps it onto the ones above (or onto a ``tp``/``pp``
+  mesh; see :mod:`sparktrain.strategies.auto`).
 
 - ``zero1``, ``zero2``, ``zero3``, ``zero1_offload``, ``zero2_offload``, ``zero3_offload``:
   DeepSpeed ZeRO stages (the ``deepspeed`` extra); see :mod:`sparktrain.strategies.zero`.
@@ -43,17 +44,6 @@ STRATEGIES = (
 )
 _PRECISIONS = (None, "bf16", "fp16")
 
-#: How ``auto`` runs each planner recommendation with PyTorch's own wrappers.
-AUTO_MAP: dict[str, tuple[str, dict[str, Any]]] = {
-    "ddp": ("ddp", {}),
-    "zero1": ("fsdp", {"reshard_after_forward": False}),
-    "zero2": ("fsdp", {"reshard_after_forward": False}),
-    "zero3": ("fsdp", {}),
-    "zero2_offload": ("fsdp", {"reshard_after_forward": False, "cpu_offload": True}),
-    "zero3_offload": ("fsdp", {"cpu_offload": True}),
-    "zero3_offload_params": ("fsdp", {"cpu_offload": True}),
-}
-
 
 def device() -> Any:
     """This rank's device: ``cuda:LOCAL_RANK`` when the rank owns GPUs, else the CPU."""
@@ -64,7 +54,8 @@ def device() -> Any:
     return torch.device("cpu")
 
 
-def _world() -> Any:
+def world() -> Any:
+    """``torch.distributed``, once its process group exists (else the error saying so)."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
@@ -104,7 +95,7 @@ def _fsdp(
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     if mesh is None:
-        mesh = init_device_mesh(where.type, (_world().get_world_size(),))
+        mesh = init_device_mesh(where.type, (world().get_world_size(),))
     options: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
     if precision is not None:
         dtype = torch.bfloat16 if precision == "bf16" else torch.float16
@@ -117,41 +108,6 @@ def _fsdp(
         if child is not model and any(True for _ in child.parameters(recurse=False)):
             fully_shard(child, **options)
     return fully_shard(model, **options)
-
-
-def _auto(
-    model: Any, gpu_memory: object, cpu_memory: object, precision: str | None
-) -> tuple[str, dict[str, Any]]:
-    from sparktrain.planner import plan
-
-    dist = _world()
-    where = device()
-    if gpu_memory is None:
-        if where.type != "cuda":
-            log.info("strategy='auto' on CPU ranks: ddp (no GPU memory to fit)")
-            return "ddp", {}
-        import torch
-
-        gpu_memory = torch.cuda.get_device_properties(where).total_memory
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    chosen = plan(
-        model,
-        gpus_per_node=local,
-        nodes=max(1, dist.get_world_size() // local),
-        gpu_memory=gpu_memory,  # type: ignore[arg-type]
-        cpu_memory=cpu_memory,  # type: ignore[arg-type]
-        precision="fp32" if precision is None else f"{precision}-mixed",  # type: ignore[arg-type]
-    )
-    if chosen.recommended is None:
-        raise ConfigError(
-            "strategy='auto': no strategy fits this model on these GPUs:\n" + str(chosen)
-        )
-    name, options = AUTO_MAP[chosen.recommended]
-    if dist.get_rank() == 0:
-        print(f"sparktrain: strategy='auto' chose {chosen.recommended} (runs as {name} {options})")
-        for reason in chosen.reasons:
-            print(f"  - {reason}")
-    return name, options
 
 
 def prepare_model(
@@ -171,6 +127,7 @@ def prepare_model(
     microbatches: int | None = None,
     stages_per_rank: int | None = None,
     split_points: list[str] | None = None,
+    plan_shape: dict[str, Any] | None = None,
 ) -> Any:
     """Move ``model`` to this rank's device and wrap it for ``strategy``.
 
@@ -205,6 +162,9 @@ def prepare_model(
             schedules).
         split_points: ``pp``: the children that begin stages 2, 3, ... (default: cut where
             the stages' parameter counts are most even).
+        plan_shape: ``auto``: the run's shape for :func:`sparktrain.plan` (``seq_len``,
+            ``micro_batch``, and ``layers``/``hidden``/``vocab`` when the model does not give
+            them); with it ``auto`` weighs activations and may choose a ``tp``/``pp`` mesh.
 
     Returns:
         The wrapped module (``DistributedDataParallel``, the module sharded in place, or with
@@ -222,9 +182,12 @@ def prepare_model(
         "cpu_offload": cpu_offload,
     }
     if name == "auto":
-        name, chosen = _auto(model, gpu_memory, cpu_memory, precision)
+        from sparktrain.strategies.auto import choose
+
+        name, chosen = choose(model, gpu_memory, cpu_memory, precision, plan_shape)
+        tp, pp = chosen.pop("tp", tp), chosen.pop("pp", pp)
         options.update(chosen)
-    _world()
+    world()
     where = device()
     log_params(
         {

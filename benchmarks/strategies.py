@@ -4,7 +4,11 @@ The same model (an MLP 1024-2048-2048-10, 6.3 M parameters), data and loop on 2 
 ``sparktrain.prepare_model``/``prepare_optimizer``/``backward``. On this CPU machine it shows
 the memory split; on a GPU machine (``--gpu``, NCCL) it gives the real speeds.
 
-    python benchmarks/strategies.py [--steps 20] [--gpu]
+    python benchmarks/strategies.py [--steps 20] [--gpu] [--mesh]
+
+``--mesh`` adds the mesh rows: the Llama-shaped ``nn.Sequential`` of ``examples/train_mesh.py``
+on 4 ranks under ``prepare_model(..., "fsdp", tp=, pp=)`` (1F1B, 4 micro-batches), with the
+planner's predicted model states per rank beside the measured ones.
 """
 
 from __future__ import annotations
@@ -15,6 +19,9 @@ import sys
 import time
 
 import sparktrain
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+MESHES = ((1, 1), (2, 1), (4, 1), (1, 2), (2, 2), (1, 4))  # (tp, pp) on 4 ranks
 
 STRATEGIES = (
     ("ddp", {}),
@@ -66,10 +73,77 @@ def measure(strategy: str, options: dict, steps: int, gpu: bool) -> dict:
     return {"steps_per_s": steps / seconds, **held, "peak": peak}
 
 
+def measure_mesh(tp: int, pp: int, steps: int, gpu: bool) -> dict:
+    """One rank of a (pp, dp, tp) mesh: steps/s and the bytes it holds."""
+    import torch
+    import torch.distributed as dist
+    import train_mesh
+
+    import sparktrain.strategies as st
+
+    dist.init_process_group("nccl" if gpu else "gloo")
+    model = st.prepare_model(train_mesh.build_model(), "fsdp", tp=tp, pp=pp, microbatches=4)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    where = st.device()
+    tokens = torch.randint(0, 512, (16, 129), generator=torch.Generator().manual_seed(0))
+    x, y = tokens[:, :-1].to(where), tokens[:, 1:].to(where)
+
+    def step() -> None:
+        optimizer.zero_grad()
+        st.forward_backward(model, x, y, train_mesh.loss_fn)
+        optimizer.step()
+
+    step()
+    if gpu:
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(steps):
+        step()
+    if gpu:
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - started
+    held = st.held_bytes(model, optimizer)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
+    held["grads"] = sum(g.numel() * g.element_size() for g in local)
+    found = st.mesh.current()
+    stage = int(found[0].get_local_rank("pp")) if found else 0
+    dist.destroy_process_group()
+    return {"steps_per_s": steps / seconds, "stage": stage, **held}
+
+
+def mesh_rows(steps: int, gpu: bool) -> None:
+    """The mesh table: measured bytes per rank against the planner's, and steps/s."""
+    import train_mesh
+
+    model = train_mesh.build_model()
+    planned = sparktrain.plan(
+        params=sum(p.numel() for p in model.parameters()), layers=4, hidden=256, vocab=512,
+        seq_len=128, micro_batch=4, gpus_per_node=4, gpu_memory="80GB", precision="fp32",
+    )  # fmt: skip
+    print(f"\n4 ranks, {steps} steps of 16 x 128 tokens per data-parallel group, fp32, Adam")
+    print("| mesh | steps/s | states, rank 0 (MB) | planner (MB) | largest rank (MB) | planner |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for tp, pp in MESHES:
+        ranks = sparktrain.launch(
+            measure_mesh, (tp, pp, steps, gpu), num_processes=4, use_gpu=gpu, log_ranks=[],
+            return_all=True,
+        ).return_values  # fmt: skip
+        mesh = planned.mesh(tp, pp)
+        held = {r: v["parameters"] + v["grads"] + v["optimizer"] for r, v in ranks.items()}
+        top = max(held, key=held.__getitem__)
+        print(
+            f"| {mesh.name} | {ranks[0]['steps_per_s']:.2f} | {held[0] / 1e6:.2f} | "
+            f"{mesh.stage_states[ranks[0]['stage']] / 1e6:.2f} | {held[top] / 1e6:.2f} | "
+            f"{mesh.stage_states[ranks[top]['stage']] / 1e6:.2f} |"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--gpu", action="store_true", help="NCCL, one GPU per rank")
+    parser.add_argument("--mesh", action="store_true", help="add the tp x pp x FSDP rows")
     args = parser.parse_args()
     print(
         f"cpus={os.cpu_count()} python={sys.version.split()[0]} sparktrain={sparktrain.__version__}"
@@ -96,6 +170,8 @@ def main() -> None:
             f"| {label} | {r['steps_per_s']:.1f} | {r['parameters'] / 1e6:.1f} | "
             f"{r['optimizer'] / 1e6:.1f} | {total / ddp:.2f} | {r['peak'] / 1e6:.0f} |"
         )
+    if args.mesh:
+        mesh_rows(args.steps, args.gpu)
     sparktrain.shutdown_warm()
 
 

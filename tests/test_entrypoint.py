@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sparktrain import ConfigError
-from sparktrain.plan.entrypoint import FunctionEntry, ScriptEntry, make_entrypoint
+from sparktrain.launchplan.entrypoint import FunctionEntry, ScriptEntry, make_entrypoint
 
 
 def test_function_entry() -> None:

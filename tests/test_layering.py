@@ -15,7 +15,7 @@ import sparktrain
 
 PACKAGE = Path(sparktrain.__file__).parent
 #: role -> the roles it may not import.
-FORBIDDEN = {"rank": ("node", "driver"), "node": ("driver",), "plan": ("node", "driver")}
+FORBIDDEN = {"rank": ("node", "driver"), "node": ("driver",), "launchplan": ("node", "driver")}
 
 
 def _modules(role: str) -> list[Path]:

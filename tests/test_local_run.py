@@ -21,7 +21,7 @@ from sparktrain import (
     TrainingTimeoutError,
     launch,
 )
-from sparktrain.plan.topology import Topology
+from sparktrain.launchplan.topology import Topology
 
 
 def _all_reduce_rank() -> tuple[int, float, int]:

@@ -7,7 +7,7 @@ import sys
 import traceback
 import types
 
-from sparktrain.plan import pickling
+from sparktrain.launchplan import pickling
 
 SOURCE = """
 def helper(x):

@@ -1,73 +1,39 @@
 """The planner's mesh figures against the tensors 4 CPU ranks really hold after one step.
 
-One launch of 4 gloo ranks trains a small Llama-shaped ``nn.Sequential`` (embedding, 4 blocks,
-head) for one step under five meshes of ``prepare_model(..., "fsdp", tp=, pp=)``, in fp32 with
-Adam. Each rank sums the bytes of its parameters, gradients and optimizer states (local shards
-of DTensors, its own stage only), and the planner's figure for that rank's stage must be within
-5 %. Layer widths divide every degree, so every shard has the same size.
+One launch of 4 gloo ranks trains the small Llama-shaped ``nn.Sequential`` of
+``examples/train_mesh.py`` (embedding, 4 blocks, head) for one step under five meshes of
+``prepare_model(..., "fsdp", tp=, pp=)``, in fp32 with Adam. Each rank sums the bytes of its
+parameters, gradients and optimizer states (local shards of DTensors, its own stage only), and
+the planner's figure for that rank's stage must be within 5 %. Layer widths divide every degree,
+so every shard has the same size.
 """
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from sparktrain import launch
 from sparktrain.planner import plan
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "examples"))
+import train_mesh
 
 WIDTH, HEADS, VOCAB, LAYERS, SEQ, BATCH = 256, 4, 512, 4, 16, 8
 MESHES = ((2, 1), (1, 2), (2, 2), (4, 1), (1, 4))  # (tp, pp) on 4 ranks
 TOLERANCE = 0.05
 
 
-class Attention(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.n_heads = HEADS
-        self.wq, self.wk, self.wv, self.wo = (nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(4))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, _ = x.shape
-        q, k, v = (
-            w(x).view(b, s, self.n_heads, -1).transpose(1, 2) for w in (self.wq, self.wk, self.wv)
-        )
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
-
-
-class FeedForward(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.w1, self.w3 = (nn.Linear(WIDTH, 2 * WIDTH, bias=False) for _ in range(2))
-        self.w2 = nn.Linear(2 * WIDTH, WIDTH, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-
-class Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.norm1, self.norm2 = nn.LayerNorm(WIDTH, bias=False), nn.LayerNorm(WIDTH, bias=False)
-        self.attention, self.feed_forward = Attention(), FeedForward()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.norm1(x))
-        return x + self.feed_forward(self.norm2(x))
-
-
 def build_model() -> nn.Sequential:
-    torch.manual_seed(0)
-    blocks = [Block() for _ in range(LAYERS)]
-    return nn.Sequential(nn.Embedding(VOCAB, WIDTH), *blocks, nn.Linear(WIDTH, VOCAB, bias=False))
+    return train_mesh.build_model(WIDTH, HEADS, LAYERS, VOCAB)
 
 
-def _loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.reshape(-1, VOCAB), target.reshape(-1))
+_loss = train_mesh.loss_fn
 
 
 def _bytes(tensor: Any) -> int:

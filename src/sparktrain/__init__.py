@@ -32,9 +32,9 @@ if TYPE_CHECKING:
     from sparktrain.compat.torch_distributor import TorchDistributor
     from sparktrain.driver.launch import launch
     from sparktrain.driver.results import RunResult
+    from sparktrain.launchplan.layout import LaunchPlan
+    from sparktrain.launchplan.options import RunOptions
     from sparktrain.node.warm import shutdown as shutdown_warm
-    from sparktrain.plan.layout import LaunchPlan
-    from sparktrain.plan.options import RunOptions
     from sparktrain.planner import plan
     from sparktrain.strategies import (
         backward,
@@ -98,9 +98,9 @@ _LAZY = {
     "MirroredStrategyRunner": ("sparktrain.compat.tensorflow_runner", "MirroredStrategyRunner"),
     "TorchDistributor": ("sparktrain.compat.torch_distributor", "TorchDistributor"),
     "launch": ("sparktrain.driver.launch", "launch"),
-    "LaunchPlan": ("sparktrain.plan.layout", "LaunchPlan"),
+    "LaunchPlan": ("sparktrain.launchplan.layout", "LaunchPlan"),
     "RunResult": ("sparktrain.driver.results", "RunResult"),
-    "RunOptions": ("sparktrain.plan.options", "RunOptions"),
+    "RunOptions": ("sparktrain.launchplan.options", "RunOptions"),
     "plan": ("sparktrain.planner", "plan"),
     "log_params": ("sparktrain.tracking", "log_params"),
     "log_metrics": ("sparktrain.tracking", "log_metrics"),

@@ -63,10 +63,10 @@ def _parser() -> argparse.ArgumentParser:
 def _add_option_flags(run: argparse.ArgumentParser) -> None:
     """One flag per run option (``--hang-timeout``, ``--mlflow/--no-mlflow``, ...).
 
-    The flags come from :class:`~sparktrain.plan.options.RunOptions` itself; left out are
+    The flags come from :class:`~sparktrain.launchplan.options.RunOptions` itself; left out are
     ``return_all`` (a script returns no value) and ``on_report`` (a function).
     """
-    from sparktrain.plan.options import cli_options
+    from sparktrain.launchplan.options import cli_options
 
     group = run.add_argument_group("run options (as for sparktrain.launch)")
     for name, parse, text in cli_options():
@@ -89,7 +89,7 @@ def _parser_of(flag: str, parse: Any) -> Any:
 
 
 def _given_options(parsed: argparse.Namespace) -> dict[str, Any]:
-    from sparktrain.plan.options import cli_options
+    from sparktrain.launchplan.options import cli_options
 
     return {
         name: getattr(parsed, name)

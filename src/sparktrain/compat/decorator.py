@@ -29,9 +29,9 @@ from typing_extensions import ParamSpec, Unpack
 
 from sparktrain.driver.backend import Backend, check_backend
 from sparktrain.errors import ConfigError
-from sparktrain.plan.front import FrontDoor
-from sparktrain.plan.layout import check_count, check_use_gpu
-from sparktrain.plan.options import RunOptions, RunOptionsArgs, run_options
+from sparktrain.launchplan.front import FrontDoor
+from sparktrain.launchplan.layout import check_count, check_use_gpu
+from sparktrain.launchplan.options import RunOptions, RunOptionsArgs, run_options
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -28,8 +28,8 @@ from typing_extensions import Unpack
 
 from sparktrain.compat.torch_distributor import TorchDistributor
 from sparktrain.errors import ConfigError
-from sparktrain.plan.front import DEEPSPEED_DISTRIBUTOR, FrontDoor
-from sparktrain.plan.options import RunOptions, RunOptionsArgs
+from sparktrain.launchplan.front import DEEPSPEED_DISTRIBUTOR, FrontDoor
+from sparktrain.launchplan.options import RunOptions, RunOptionsArgs
 from sparktrain.rank import rundirs
 
 
@@ -125,7 +125,7 @@ class DeepspeedTorchDistributor(TorchDistributor):
             backend: Where the ranks run (``None``: follows ``localMode``); see
                 :class:`TorchDistributor`.
             ray_address: With ``backend="ray"``: the cluster to join.
-            options: A :class:`~sparktrain.plan.options.RunOptions` to start from.
+            options: A :class:`~sparktrain.launchplan.options.RunOptions` to start from.
             **option_args: Run options by name (``timeout``, ``max_restarts``,
                 ``hang_timeout``, ``mlflow``, ...), as for :func:`sparktrain.launch`.
         """

@@ -26,9 +26,9 @@ from typing_extensions import Unpack
 from sparktrain.driver.launch import PreparedLaunch, prepare
 from sparktrain.errors import ConfigError
 from sparktrain.horovod.alias import run_with_alias
-from sparktrain.plan import pickling
-from sparktrain.plan.entrypoint import make_entrypoint
-from sparktrain.plan.options import RunOptions, RunOptionsArgs, run_options
+from sparktrain.launchplan import pickling
+from sparktrain.launchplan.entrypoint import make_entrypoint
+from sparktrain.launchplan.options import RunOptions, RunOptionsArgs, run_options
 
 Verbosity = Literal["all", "log_callback_only"]
 
@@ -86,7 +86,7 @@ class HorovodRunner:
                 addition; Databricks decides from the cluster).
             backend: The cluster of ``np > 0``: ``"spark"`` (the default) or ``"ray"``.
             ray_address: With ``backend="ray"``: the cluster to join.
-            options: A :class:`~sparktrain.plan.options.RunOptions` to start from.
+            options: A :class:`~sparktrain.launchplan.options.RunOptions` to start from.
             **option_args: Run options by name (``timeout``, ``max_restarts``,
                 ``hang_timeout``, ``mlflow``, ...), as for :func:`sparktrain.launch`.
 

@@ -28,10 +28,10 @@ from typing_extensions import Unpack
 from sparktrain.compat.tensorflow_rank import run_worker
 from sparktrain.driver.launch import PreparedLaunch, prepare
 from sparktrain.errors import ClusterConfigError, ConfigError
-from sparktrain.plan import pickling
-from sparktrain.plan.entrypoint import make_entrypoint
-from sparktrain.plan.front import MIRRORED_STRATEGY_RUNNER
-from sparktrain.plan.options import RunOptions, RunOptionsArgs, run_options
+from sparktrain.launchplan import pickling
+from sparktrain.launchplan.entrypoint import make_entrypoint
+from sparktrain.launchplan.front import MIRRORED_STRATEGY_RUNNER
+from sparktrain.launchplan.options import RunOptions, RunOptionsArgs, run_options
 
 _INSTALL = "pip install 'sparktrain[tensorflow]' (TensorFlow with tf-keras)"
 
@@ -71,7 +71,7 @@ class MirroredStrategyRunner:
             backend: Where the workers run (``None``: follows ``local_mode``); sparktrain's
                 addition, as for :class:`~sparktrain.TorchDistributor`.
             ray_address: With ``backend="ray"``: the cluster to join.
-            options: A :class:`~sparktrain.plan.options.RunOptions` to start from.
+            options: A :class:`~sparktrain.launchplan.options.RunOptions` to start from.
             **option_args: Run options by name (``timeout``, ``max_restarts``,
                 ``hang_timeout``, ``mlflow``, ...), as for :func:`sparktrain.launch`
                 (sparktrain's addition).

@@ -25,8 +25,8 @@ from typing_extensions import Unpack
 
 from sparktrain.driver.launch import PreparedLaunch, prepare
 from sparktrain.errors import ConfigError
-from sparktrain.plan.front import TORCH_DISTRIBUTOR, FrontDoor
-from sparktrain.plan.options import RunOptions, RunOptionsArgs, run_options
+from sparktrain.launchplan.front import TORCH_DISTRIBUTOR, FrontDoor
+from sparktrain.launchplan.options import RunOptions, RunOptionsArgs, run_options
 
 
 class TorchDistributor:
@@ -61,11 +61,11 @@ class TorchDistributor:
                 is then not used.
             ray_address: With ``backend="ray"``: the cluster to join when this process has
                 no Ray initialised (``None``: ``RAY_ADDRESS``, else a local Ray).
-            options: A :class:`~sparktrain.plan.options.RunOptions` to start from.
+            options: A :class:`~sparktrain.launchplan.options.RunOptions` to start from.
             **option_args: Run options by name: ``timeout``, ``hang_timeout``,
                 ``max_restarts``, ``exit_grace``, ``stop_grace``, ``log_ranks``, ``return_all``,
                 ``mlflow``, ``mlflow_strict``, ``progress``, ``on_report`` (see
-                :class:`~sparktrain.plan.options.RunOptions`).
+                :class:`~sparktrain.launchplan.options.RunOptions`).
 
         Raises:
             ConfigError: A value is out of range, or the ranks do not fit; the message says

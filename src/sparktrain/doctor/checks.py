@@ -7,8 +7,9 @@ Design choices:
 - Each check is a function returning a :class:`~sparktrain.doctor.verdicts.Check`.
 - torch is imported (it is a dependency and the question is about it), but no CUDA context is
   created beyond reading device properties, and no process is started.
-- The local launch check calls the launcher's own planner (:func:`sparktrain.plan.layout.make_plan`)
-  so that doctor's verdict and the launch's error are the same sentence.
+- The local launch check calls the launcher's own planner
+  (:func:`sparktrain.launchplan.layout.make_plan`) so that doctor's verdict and the launch's
+  error are the same sentence.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ def torch_check() -> Check:
 
 
 def _driver_present() -> bool:
-    from sparktrain.plan.topology import nvidia_driver_present
+    from sparktrain.launchplan.topology import nvidia_driver_present
 
     return nvidia_driver_present()
 
@@ -155,7 +156,7 @@ def _nccl_version(torch: ModuleType) -> str | None:
 
 def gpus_check(*, use_gpu: bool | None = None) -> Check:
     """The GPUs this process sees (``CUDA_VISIBLE_DEVICES`` applies) and their memory."""
-    from sparktrain.plan.topology import detect_gpus
+    from sparktrain.launchplan.topology import detect_gpus
 
     addresses = detect_gpus()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -219,8 +220,8 @@ def backends_check(*, gpus: int = 0) -> Check:
 
 def local_launch_check(processes: int, *, use_gpu: bool | None = None) -> Check:
     """Whether a launch of ``processes`` ranks on this machine would be accepted, and how."""
-    from sparktrain.plan.layout import make_plan
-    from sparktrain.plan.topology import detect_local
+    from sparktrain.launchplan.layout import make_plan
+    from sparktrain.launchplan.topology import detect_local
 
     topology = detect_local()
     facts: dict[str, object] = {"processes": processes, "cpus": topology.cpus}

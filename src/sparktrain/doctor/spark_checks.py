@@ -5,7 +5,7 @@ Executors, task slots, GPU resource settings.
 Design choices:
 - The slot count and the task settings come from the Spark backend's own
   :func:`~sparktrain.driver.spark.cluster_facts`, and the barrier verdict from the launcher's
-  :func:`~sparktrain.plan.layout.make_cluster_plan`, so doctor and a launch never disagree.
+  :func:`~sparktrain.launchplan.layout.make_cluster_plan`, so doctor and a launch never disagree.
 - Only a session that doctor started itself is given time for its executors to register (the
   launch's own wait); an existing session is judged as it is now, which keeps doctor fast.
 - Spark Connect hides the scheduler: slots and executors are reported as unknown (warning).
@@ -19,7 +19,7 @@ from sparktrain.doctor.verdicts import Check
 from sparktrain.errors import ConfigError
 
 if TYPE_CHECKING:
-    from sparktrain.plan.layout import ClusterFacts
+    from sparktrain.launchplan.layout import ClusterFacts
 
 DISCOVERY_KEYS = (
     "spark.executor.resource.gpu.discoveryScript",
@@ -227,7 +227,7 @@ def slots_and_launch_checks(
 def _barrier_check(
     processes: int, facts: ClusterFacts, per_task: int, use_gpu: bool | None, *, local: bool
 ) -> Check:
-    from sparktrain.plan.layout import make_cluster_plan
+    from sparktrain.launchplan.layout import make_cluster_plan
 
     data: dict[str, object] = {"processes": processes, "slots": facts.slots}
     try:

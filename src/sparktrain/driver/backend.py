@@ -16,13 +16,13 @@ from typing import ClassVar
 
 from sparktrain.driver.monitor import Monitor
 from sparktrain.errors import ConfigError
+from sparktrain.launchplan.entrypoint import Entrypoint
+from sparktrain.launchplan.front import LAUNCH, FrontDoor
+from sparktrain.launchplan.layout import LaunchPlan
+from sparktrain.launchplan.options import RunOptions
+from sparktrain.launchplan.topology import Topology
 from sparktrain.node.report import NodeReport
 from sparktrain.node.spec import NodeSpec, node_spec
-from sparktrain.plan.entrypoint import Entrypoint
-from sparktrain.plan.front import LAUNCH, FrontDoor
-from sparktrain.plan.layout import LaunchPlan
-from sparktrain.plan.options import RunOptions
-from sparktrain.plan.topology import Topology
 
 
 @dataclass(frozen=True, kw_only=True)

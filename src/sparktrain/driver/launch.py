@@ -30,11 +30,11 @@ from sparktrain.errors import (
     TrainingFailedError,
     TrainingTimeoutError,
 )
-from sparktrain.plan.entrypoint import Entrypoint, make_entrypoint
-from sparktrain.plan.front import LAUNCH, FrontDoor
-from sparktrain.plan.layout import LaunchPlan
-from sparktrain.plan.options import RunOptions, RunOptionsArgs, run_options
-from sparktrain.plan.topology import Topology
+from sparktrain.launchplan.entrypoint import Entrypoint, make_entrypoint
+from sparktrain.launchplan.front import LAUNCH, FrontDoor
+from sparktrain.launchplan.layout import LaunchPlan
+from sparktrain.launchplan.options import RunOptions, RunOptionsArgs, run_options
+from sparktrain.launchplan.topology import Topology
 
 
 @dataclass(frozen=True)
@@ -166,7 +166,7 @@ def prepare(
         topology: This machine's resources, for the local backend (detected when ``None``).
         options: The run's policy (defaults when ``None``).
         name: What the caller's front door calls ``num_processes``, for messages.
-        front: The front door (the originals' differences: see :mod:`sparktrain.plan.front`).
+        front: The front door (the originals' differences: see :mod:`sparktrain.launchplan.front`).
 
     Raises:
         ConfigError: Bad input; the message names the value and the fix.
@@ -213,11 +213,11 @@ def launch(
         dataframe: A Spark DataFrame whose rows are shared among the ranks (see
             :mod:`sparktrain.data`).
         topology: The machine's resources; detected when ``None`` (tests pass their own).
-        options: A :class:`~sparktrain.plan.options.RunOptions` to start from.
+        options: A :class:`~sparktrain.launchplan.options.RunOptions` to start from.
         **option_args: Run options by name (``timeout``, ``hang_timeout``, ``max_restarts``,
             ``exit_grace``, ``stop_grace``, ``log_ranks``, ``return_all``, ``mlflow``,
             ``mlflow_strict``, ``progress``, ``on_report``); see
-            :class:`~sparktrain.plan.options.RunOptions` for each.
+            :class:`~sparktrain.launchplan.options.RunOptions` for each.
 
     Returns:
         A :class:`RunResult`; ``.value`` is rank 0's return value.

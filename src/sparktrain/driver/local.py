@@ -18,11 +18,11 @@ from typing import ClassVar
 
 from sparktrain.driver.backend import Attempt, Backend, Nodes, Polled
 from sparktrain.driver.spark_conf import driver_gpus
+from sparktrain.launchplan.layout import LaunchPlan, make_plan
+from sparktrain.launchplan.topology import Topology, detect_local
 from sparktrain.node.logs import LogSink
 from sparktrain.node.runner import NodeRun, bind_rendezvous, prepare_run_dir
 from sparktrain.node.spec import Place
-from sparktrain.plan.layout import LaunchPlan, make_plan
-from sparktrain.plan.topology import Topology, detect_local
 
 LOOPBACK = "127.0.0.1"
 

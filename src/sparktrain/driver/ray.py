@@ -31,10 +31,10 @@ from typing import Any, ClassVar, Literal
 from sparktrain.driver.backend import Attempt, Backend, Nodes, Polled
 from sparktrain.driver.remote import RemoteNodes
 from sparktrain.errors import ConfigError
+from sparktrain.launchplan.layout import ClusterFacts, LaunchPlan, make_cluster_plan
 from sparktrain.node.ray_actor import NodeActor
 from sparktrain.node.report import NodeReport
 from sparktrain.node.spec import Place
-from sparktrain.plan.layout import ClusterFacts, LaunchPlan, make_cluster_plan
 
 #: How long the placement group may wait for its resources before the launch gives up.
 PLACEMENT_SECONDS = 60.0

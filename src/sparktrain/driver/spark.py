@@ -24,11 +24,11 @@ from sparktrain.driver.backend import Attempt, Backend, Nodes, Polled
 from sparktrain.driver.remote import RemoteNodes
 from sparktrain.driver.spark_conf import check_encryption
 from sparktrain.errors import ClusterError, ConfigError
+from sparktrain.launchplan.front import LAUNCH, FrontDoor
+from sparktrain.launchplan.layout import ClusterFacts, LaunchPlan, make_cluster_plan
 from sparktrain.node.report import NodeReport
 from sparktrain.node.spark_task import run_node
 from sparktrain.node.spec import NodeSpec
-from sparktrain.plan.front import LAUNCH, FrontDoor
-from sparktrain.plan.layout import ClusterFacts, LaunchPlan, make_cluster_plan
 
 SCHEMA = "node long, report binary"
 

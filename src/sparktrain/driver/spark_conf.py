@@ -3,7 +3,7 @@
 - **TLS.** With ``spark.ssl.enabled=true`` a run on the executors is refused, as pyspark's
   ``TorchDistributor`` and spark-tensorflow-distributor refuse it: their training traffic, and
   sparktrain's, is not encrypted in transit. Each front door honours its original's override
-  conf (:mod:`sparktrain.plan.front`), and ``spark.sparktrain.ignoreSsl`` works for all.
+  conf (:mod:`sparktrain.launchplan.front`), and ``spark.sparktrain.ignoreSsl`` works for all.
 - **The driver's GPUs.** In local mode with an active session whose driver has GPU resources
   (``spark.driver.resource.gpu.*``), those are the GPUs the ranks may use, read through the
   driver's ``CUDA_VISIBLE_DEVICES``, as pyspark's local mode reads them. pyspark is consulted
@@ -18,8 +18,8 @@ import sys
 from typing import Any
 
 from sparktrain.errors import ClusterConfigError, ConfigError
-from sparktrain.plan.front import FrontDoor
-from sparktrain.plan.topology import spark_gpus
+from sparktrain.launchplan.front import FrontDoor
+from sparktrain.launchplan.topology import spark_gpus
 from sparktrain.rank import env
 
 log = logging.getLogger("sparktrain")

@@ -18,8 +18,8 @@ from typing import Any
 
 from sparktrain.errors import ConfigError
 from sparktrain.horovod.alias import run_with_alias
-from sparktrain.plan import pickling
-from sparktrain.plan.options import NAMES
+from sparktrain.launchplan import pickling
+from sparktrain.launchplan.options import NAMES
 
 #: Horovod launcher settings with no meaning here, accepted and ignored.
 IGNORED = frozenset(

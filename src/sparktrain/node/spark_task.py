@@ -20,11 +20,11 @@ from typing import Any
 
 import cloudpickle
 
+from sparktrain.launchplan.topology import spark_gpus
 from sparktrain.node.remote import run_connected
 from sparktrain.node.report import NodeReport
 from sparktrain.node.runner import bind_rendezvous, prepare_run_dir
 from sparktrain.node.spec import NodeSpec, Place
-from sparktrain.plan.topology import spark_gpus
 from sparktrain.rank import env
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from sparktrain.plan.entrypoint import Entrypoint, FunctionEntry, ScriptEntry
-from sparktrain.plan.layout import LaunchPlan
-from sparktrain.plan.options import RunOptions
+from sparktrain.launchplan.entrypoint import Entrypoint, FunctionEntry, ScriptEntry
+from sparktrain.launchplan.layout import LaunchPlan
+from sparktrain.launchplan.options import RunOptions
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -38,7 +38,7 @@ import cloudpickle
 
 from sparktrain import procfs
 from sparktrain.horovod import alias
-from sparktrain.plan.entrypoint import ScriptEntry
+from sparktrain.launchplan.entrypoint import ScriptEntry
 from sparktrain.rank import process_groups, reporting
 from sparktrain.rank.paths import error_path, payload_path, result_path, stack_path
 

@@ -19,7 +19,7 @@ from pyspark.ml.util import MLReadable, MLWritable
 from typing_extensions import Unpack
 
 from sparktrain.errors import ConfigError
-from sparktrain.plan.options import NAMES, RunOptions, RunOptionsArgs, run_options
+from sparktrain.launchplan.options import NAMES, RunOptions, RunOptionsArgs, run_options
 from sparktrain.spark import inference, tasks
 from sparktrain.spark.model import TorchModel
 from sparktrain.spark.params import OBJECT_PARAMS, FitParams, set_given

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparktrain.errors import ConfigError, TrainingFailedError
-from sparktrain.plan.layout import LaunchPlan
-from sparktrain.plan.options import RunOptions
+from sparktrain.launchplan.layout import LaunchPlan
+from sparktrain.launchplan.options import RunOptions
 
 #: While the driver probes the server: fail fast instead of MLflow's minutes of retries.
 _PROBE_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}

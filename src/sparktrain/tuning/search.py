@@ -29,7 +29,7 @@ from sparktrain.errors import (
     TrainingFailedError,
     TrainingTimeoutError,
 )
-from sparktrain.plan.options import RunOptions, run_options
+from sparktrain.launchplan.options import RunOptions, run_options
 from sparktrain.tuning import study as studies
 from sparktrain.tuning.results import TuneResult
 from sparktrain.tuning.space import to_optuna
@@ -94,7 +94,7 @@ def tune(
             the trial is stopped as hung (and recorded failed, with where each rank waited);
             600 by default, so that one stuck trial cannot stall the search. ``None`` turns the
             watch off.
-        options: A :class:`~sparktrain.plan.options.RunOptions` for every trial.
+        options: A :class:`~sparktrain.launchplan.options.RunOptions` for every trial.
         **option_args: Run options of every trial by name (``timeout``, ``max_restarts``,
             ``exit_grace``, ...), as for :func:`sparktrain.launch`. ``on_report`` is not taken:
             tune reads every trial's reports itself (its scheduler stops weak trials).

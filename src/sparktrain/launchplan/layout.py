@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from sparktrain.errors import ClusterConfigError, ConfigError
-from sparktrain.plan.front import GpuSharing
-from sparktrain.plan.topology import Topology
+from sparktrain.launchplan.front import GpuSharing
+from sparktrain.launchplan.topology import Topology
 
 Device = Literal["cpu", "cuda"]
 
@@ -24,7 +24,7 @@ class LaunchPlan:
 
     Built by :func:`make_plan` (this machine), :func:`make_cluster_plan` (Spark tasks) or the Ray
     backend's planner. The run's policy (timeouts, restarts, logs) is a separate value,
-    :class:`~sparktrain.plan.options.RunOptions`.
+    :class:`~sparktrain.launchplan.options.RunOptions`.
 
     Attributes:
         world_size: Total number of ranks.
@@ -152,7 +152,7 @@ def make_cluster_plan(
         use_gpu: ``True`` (GPUs, error without), ``False`` (CPU), ``None`` (GPUs if tasks get
             some).
         name: What the caller's front door calls the number of ranks, for messages.
-        gpus: How ranks own their task's GPUs (see :mod:`sparktrain.plan.front`).
+        gpus: How ranks own their task's GPUs (see :mod:`sparktrain.launchplan.front`).
 
     Raises:
         ConfigError: Bad values; :class:`ClusterConfigError` for GPUs asked for but not
@@ -211,7 +211,7 @@ def make_plan(
 
     Args:
         num_processes: Number of ranks; a positive int.
-        topology: The node's resources (see :func:`sparktrain.plan.topology.detect_local`).
+        topology: The node's resources (see :func:`sparktrain.launchplan.topology.detect_local`).
         use_gpu: ``True`` (GPUs, error without), ``False`` (CPU), ``None`` (GPUs if any).
         name: What the caller's front door calls the number of ranks, for messages.
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sparktrain.errors import ConfigError
-from sparktrain.plan import pickling
+from sparktrain.launchplan import pickling
 
 
 @dataclass(frozen=True)

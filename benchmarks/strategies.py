@@ -34,6 +34,21 @@ STRATEGIES = (
 )
 
 
+def _timed(step: object, steps: int, gpu: bool) -> float:
+    """Seconds for ``steps`` calls of ``step`` after one warm-up (optimizer states, buckets)."""
+    import torch
+
+    step()  # type: ignore[operator]
+    if gpu:
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(steps):
+        step()  # type: ignore[operator]
+    if gpu:
+        torch.cuda.synchronize()
+    return time.perf_counter() - started
+
+
 def measure(strategy: str, options: dict, steps: int, gpu: bool) -> dict:
     import torch
     import torch.distributed as dist
@@ -58,15 +73,7 @@ def measure(strategy: str, options: dict, steps: int, gpu: bool) -> dict:
         st.backward(loss, optimizer)
         optimizer.step()
 
-    step()  # warm-up: optimizer states created, buckets built
-    if gpu:
-        torch.cuda.synchronize()
-    started = time.perf_counter()
-    for _ in range(steps):
-        step()
-    if gpu:
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - started
+    seconds = _timed(step, steps, gpu)
     held = st.held_bytes(model, optimizer)
     peak = torch.cuda.max_memory_allocated() if gpu else 0
     dist.destroy_process_group()
@@ -93,15 +100,7 @@ def measure_mesh(tp: int, pp: int, steps: int, gpu: bool) -> dict:
         st.forward_backward(model, x, y, train_mesh.loss_fn)
         optimizer.step()
 
-    step()
-    if gpu:
-        torch.cuda.synchronize()
-    started = time.perf_counter()
-    for _ in range(steps):
-        step()
-    if gpu:
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - started
+    seconds = _timed(step, steps, gpu)
     held = st.held_bytes(model, optimizer)
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]

@@ -17,6 +17,7 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Callable
 
 import sparktrain
 
@@ -34,16 +35,16 @@ STRATEGIES = (
 )
 
 
-def _timed(step: object, steps: int, gpu: bool) -> float:
+def _timed(step: Callable[[], None], steps: int, gpu: bool) -> float:
     """Seconds for ``steps`` calls of ``step`` after one warm-up (optimizer states, buckets)."""
     import torch
 
-    step()  # type: ignore[operator]
+    step()
     if gpu:
         torch.cuda.synchronize()
     started = time.perf_counter()
     for _ in range(steps):
-        step()  # type: ignore[operator]
+        step()
     if gpu:
         torch.cuda.synchronize()
     return time.perf_counter() - started

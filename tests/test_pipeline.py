@@ -7,8 +7,16 @@ from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
-from tests.test_tensor_parallel import DIM, VOCAB, Block, _batch, resume_from, share_of_batch
+from tests.test_tensor_parallel import (
+    DIM,
+    STEPS,
+    VOCAB,
+    Block,
+    _batch,
+    loss_fn,
+    one_process,
+    run_steps,
+)
 from torch import nn
 
 from sparktrain import ConfigError, launch
@@ -18,8 +26,6 @@ from sparktrain.strategies.split import (
     check_schedule,
     split_children,
 )
-
-STEPS, LR = 4, 0.5
 
 
 def pipe_model() -> nn.Sequential:
@@ -34,23 +40,8 @@ def pipe_model() -> nn.Sequential:
     )
 
 
-def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.reshape(-1, VOCAB), target.reshape(-1))
-
-
 def reference(steps: int = STEPS) -> list[float]:
-    torch.manual_seed(0)
-    model = pipe_model()
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    x, y = _batch()
-    losses = []
-    for _ in range(steps):
-        loss = loss_fn(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+    return one_process(pipe_model, steps)
 
 
 def train(
@@ -63,18 +54,7 @@ def train(
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     model = sparktrain.prepare_model(pipe_model(), strategy, **options)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    x, y = share_of_batch()
-    first = resume_from(model, checkpoints) if resume else 0
-    losses = []
-    for step in range(first, STEPS):
-        if checkpoints and not resume and step == 2:
-            sparktrain.checkpoint.save(model.state_dict(), checkpoints, step=step, sharded=True)
-        opt.zero_grad()
-        loss = sparktrain.forward_backward(model, x, y, loss_fn)
-        opt.step()
-        dist.all_reduce(loss)  # every replica's share: the whole batch's mean loss
-        losses.append(loss.item() / dist.get_world_size())
+    losses = run_steps(model, checkpoints, resume)
     return losses, sparktrain.full_state_dict(model), sorted(model.state_dict())
 
 

@@ -14,7 +14,7 @@ from sparktrain import ConfigError, launch
 from sparktrain.strategies.mesh import MeshShape, mesh_shape
 from sparktrain.strategies.tensor_parallel import builtin_plan
 
-VOCAB, DIM, HEADS, SEQ, BATCH, STEPS = 32, 16, 4, 8, 4, 4
+VOCAB, DIM, HEADS, SEQ, BATCH, STEPS, LR = 32, 16, 4, 8, 4, 4, 0.5
 
 
 class Attention(nn.Module):
@@ -74,8 +74,13 @@ def _batch() -> tuple[torch.Tensor, torch.Tensor]:
     return tokens[:, :-1], tokens[:, 1:]
 
 
+def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Next-token cross entropy, mean over every token."""
+    return F.cross_entropy(logits.reshape(-1, VOCAB), target.reshape(-1))
+
+
 def _loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(model(x).reshape(-1, VOCAB), y.reshape(-1))
+    return loss_fn(model(x), y)
 
 
 def share_of_batch() -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,10 +106,11 @@ def resume_from(model: Any, checkpoints: str | None) -> int:
     return found.step
 
 
-def _reference(steps: int = STEPS) -> list[float]:
+def one_process(build: Any, steps: int = STEPS) -> list[float]:
+    """The loss curve of ``build()`` trained in this process on the whole batch."""
     torch.manual_seed(0)
-    model = Tiny()
-    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    model = build()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
     x, y = _batch()
     losses = []
     for _ in range(steps):
@@ -116,6 +122,31 @@ def _reference(steps: int = STEPS) -> list[float]:
     return losses
 
 
+def _reference(steps: int = STEPS) -> list[float]:
+    return one_process(Tiny, steps)
+
+
+def run_steps(model: Any, checkpoints: str | None, resume: bool) -> list[float]:
+    """Train the prepared ``model`` in a rank (saving at step 2, or resuming); the mean losses."""
+    import torch.distributed as dist
+
+    import sparktrain
+
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    x, y = share_of_batch()
+    first = resume_from(model, checkpoints) if resume else 0
+    losses = []
+    for step in range(first, STEPS):
+        if checkpoints and not resume and step == 2:
+            sparktrain.checkpoint.save(model.state_dict(), checkpoints, step=step, sharded=True)
+        opt.zero_grad()
+        loss = sparktrain.forward_backward(model, x, y, loss_fn)
+        opt.step()
+        dist.all_reduce(loss)  # every replica's share: the whole batch's mean loss
+        losses.append(loss.item() / dist.get_world_size())
+    return losses
+
+
 def _train(strategy: str, tp: int, checkpoints: str | None = None, resume: bool = False) -> Any:
     import torch.distributed as dist
 
@@ -124,20 +155,7 @@ def _train(strategy: str, tp: int, checkpoints: str | None = None, resume: bool 
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     model = sparktrain.prepare_model(Tiny(), strategy, tp=tp)
-    opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    x, y = share_of_batch()
-    first = resume_from(model, checkpoints) if resume else 0
-    losses = []
-    for step in range(first, STEPS):
-        if checkpoints and not resume and step == 2:
-            sparktrain.checkpoint.save(model.state_dict(), checkpoints, step=step, sharded=True)
-        loss = _loss(model, x, y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        mean = loss.detach().clone()
-        dist.all_reduce(mean)  # every rank's share of the batch: the whole batch's mean loss
-        losses.append(mean.item() / dist.get_world_size())
+    losses = run_steps(model, checkpoints, resume)
     state = sparktrain.full_state_dict(model)
     local_heads = model.layers[0].attention.n_heads
     return losses, state, local_heads

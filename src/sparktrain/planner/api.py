@@ -266,8 +266,9 @@ def _shape(
     seq_len: int | None,
     micro_batch: int | None,
 ) -> Activations | None:
-    given = {"layers": layers, "hidden": hidden, "vocab": vocab}
-    given.update(seq_len=seq_len, micro_batch=micro_batch)
+    given = dict(
+        layers=layers, hidden=hidden, vocab=vocab, seq_len=seq_len, micro_batch=micro_batch
+    )
     named = {k: v for k, v in given.items() if v is not None}
     if not named:
         return activation

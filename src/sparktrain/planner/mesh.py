@@ -123,7 +123,7 @@ def estimate_mesh(
     ratio = spec.trainable_params / spec.params if spec.params else 1.0
     m = 1 if pp == 1 else (spec.microbatches or 4 * pp)
     per_layer = _layer_activations(spec, tp)
-    states, layers_of, totals, parts = [], [], [], []
+    stages = []  # (states, gathered, activations, layers) of each stage
     for index, (start, stop) in enumerate(bounds):
         count = sum(1 for i in range(start, stop) if 0 < i <= spec.layers)
         local = count * layer_local + (emb_local if start == 0 else 0)
@@ -139,22 +139,19 @@ def estimate_mesh(
             acts = in_flight * count * per_layer
         if stop == len(sizes):
             acts += 4 * spec.seq_len * spec.micro_batch * spec.vocab
-        states.append(int(state))
-        layers_of.append(count)
-        totals.append(int(state) + int(gathered) + acts)
-        parts.append((int(gathered), acts))
-    worst = max(range(len(totals)), key=totals.__getitem__)
-    total = totals[worst]
+        stages.append((int(state), int(gathered), acts, count))
+    states, gathered, acts, _ = max(stages, key=lambda stage: sum(stage[:3]))
+    total = states + gathered + acts
     return MeshEstimate(
         tp=tp,
         pp=pp,
         dp=dp,
         microbatches=m,
-        stage_states=tuple(states),
-        stage_layers=tuple(layers_of),
-        states=states[worst],
-        gathered=parts[worst][0],
-        activations=parts[worst][1],
+        stage_states=tuple(stage[0] for stage in stages),
+        stage_layers=tuple(stage[3] for stage in stages),
+        states=states,
+        gathered=gathered,
+        activations=acts,
         total=total,
         bubble=(pp - 1) / (m + pp - 1),
         fits=total <= gpu_memory,

@@ -9,10 +9,10 @@ pipeline mesh, which runs as ``fsdp`` with ``tp``/``pp``.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from sparktrain.errors import ConfigError
+from sparktrain.rank.env import contract_int
 
 log = logging.getLogger("sparktrain.strategies")
 
@@ -48,7 +48,7 @@ def choose(
         import torch
 
         gpu_memory = torch.cuda.get_device_properties(where).total_memory
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    local = contract_int("LOCAL_WORLD_SIZE", 1)
     chosen = plan(
         model,
         gpus_per_node=local,

@@ -59,7 +59,6 @@ class PipelineModel(nn.Module):
         self._runner: Any = None
         self._loss_fn: Any = None
         self._shapes: Any = None
-        self.stage_indices = [stage.stage_index for stage in stages]
 
     @property
     def is_first(self) -> bool:
@@ -132,20 +131,13 @@ class PipelineModel(nn.Module):
         if losses:
             value = torch.stack([_local(loss).detach().float() for loss in losses]).mean()
         else:
-            value = torch.zeros((), dtype=torch.float32, device=_device(self))
+            value = torch.zeros((), dtype=torch.float32, device=self._stages[0].device)
         dist.broadcast(value, src=self._last_rank, group=self._group)
         return value
 
 
 def _local(loss: Any) -> Any:
     return loss.full_tensor() if hasattr(loss, "full_tensor") else loss
-
-
-def _device(model: nn.Module) -> Any:
-    for param in model.parameters():
-        local = param.to_local() if hasattr(param, "to_local") else param
-        return local.device
-    return torch.device("cpu")
 
 
 def build_pipeline(

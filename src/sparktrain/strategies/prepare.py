@@ -257,7 +257,9 @@ def forward_backward(
         loss_fn: ``fn(output, target) -> loss`` with a mean reduction.
         optimizer: What :func:`prepare_optimizer` returned (needed for the ZeRO strategies).
     """
-    if hasattr(model, "_stages"):
+    from sparktrain.strategies.pipeline import PipelineModel
+
+    if isinstance(model, PipelineModel):
         return model.step(inputs, target, loss_fn)
     output = model(*inputs) if isinstance(inputs, tuple) else model(inputs)
     loss = loss_fn(output, target)
@@ -276,9 +278,9 @@ def full_state_dict(model: Any) -> dict[str, Any]:
 
     if isinstance(model, zero.ZeroModel):
         return zero.full_state(model)
-    if hasattr(model, "_stages"):  # a PipelineModel: each stage whole, then every stage
-        from sparktrain.strategies.pipeline import gather_state
+    from sparktrain.strategies.pipeline import PipelineModel, gather_state
 
+    if isinstance(model, PipelineModel):  # each stage whole, then every stage
         return dict(gather_state(model, full_state_dict))
     if isinstance(model, DistributedDataParallel):
         model = model.module

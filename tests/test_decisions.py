@@ -6,10 +6,12 @@ test_faults, test_spark, test_ray) check that nodes do send them so.
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import signal
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import cloudpickle
 import pytest
@@ -22,12 +24,16 @@ from sparktrain import (
     TrainingFailedError,
     TrainingTimeoutError,
 )
+from sparktrain.driver import elastic
 from sparktrain.driver import follow as follow_module
-from sparktrain.driver.backend import Nodes, Polled
-from sparktrain.driver.launch import _with_restarts
+from sparktrain.driver.backend import Attempt, Backend, Nodes, Polled
+from sparktrain.driver.elastic import run_attempts, watch_capacity
 from sparktrain.driver.monitor import Monitor
 from sparktrain.driver.results import RunResult, finish
-from sparktrain.errors import RankFailure, StackSite
+from sparktrain.errors import CapacityError, GrowBack, RankFailure, StackSite
+from sparktrain.launchplan.layout import LaunchPlan, make_plan
+from sparktrain.launchplan.options import RunOptions
+from sparktrain.launchplan.topology import Topology
 from sparktrain.node.outcome import NodeOutcome, RankExit
 from sparktrain.node.report import NodeReport, node_report
 from sparktrain.rank.paths import error_path, result_path
@@ -162,24 +168,57 @@ def test_node_report_tells_failures_from_ranks_stopped_by_us(tmp_path: Path) -> 
 
 
 # -- restarts ------------------------------------------------------------------------------------
-def _attempts(*outcomes: BaseException | None) -> tuple[list[int], object]:
-    seen: list[int] = []
+class FakeBackend(Backend):
+    """A backend whose capacity the test sets; layouts of one rank per node."""
 
-    def attempt(number: int) -> RunResult:
-        seen.append(number)
+    name: ClassVar[str] = "fake"
+
+    def __init__(self, capacity: int) -> None:
+        self.free = capacity
+
+    def layout(self, num_processes: object, *, use_gpu: object, name: str) -> LaunchPlan:
+        topology = Topology(cpus=8, gpus=(), hostname="h")
+        plan = make_plan(num_processes, topology=topology, use_gpu=False, name=name)
+        return dataclasses.replace(plan, nodes=plan.world_size, procs_per_node=1)
+
+    def start(self, attempt: Attempt) -> Nodes:
+        raise AssertionError("the decisions never start nodes")
+
+    def capacity(self, plan: LaunchPlan) -> int:
+        return self.free
+
+
+def _attempts(
+    *outcomes: BaseException | None, backend: FakeBackend | None = None, lose: int = 0
+) -> tuple[list[tuple[int, int]], object]:
+    """An attempt function that ends as ``outcomes`` say; a loss takes ``lose`` ranks away."""
+    seen: list[tuple[int, int]] = []
+
+    def attempt(plan: LaunchPlan, number: int) -> RunResult:
+        seen.append((number, plan.world_size))
         outcome = outcomes[number]
         if outcome is not None:
+            if backend is not None and not isinstance(outcome, GrowBack):
+                backend.free -= lose
             raise outcome
-        return RunResult({0: "ok"}, 2, 1.0)
+        return RunResult({0: "ok"}, plan.world_size, 1.0)
 
     return seen, attempt
+
+
+def _run(attempt: object, restarts: int = 0, size: int = 2, **elastic: object) -> RunResult:
+    backend = elastic.pop("backend", None) or FakeBackend(size)
+    assert isinstance(backend, FakeBackend)
+    options = RunOptions(max_restarts=restarts, **elastic)  # type: ignore[arg-type]
+    plan = backend.layout(size, use_gpu=False, name="num_processes")
+    return run_attempts(backend, plan, options, attempt, Monitor(progress=False))  # type: ignore[arg-type]
 
 
 def test_rank_failures_and_lost_nodes_are_restarted(capsys: pytest.CaptureFixture[str]) -> None:
     failed = TrainingFailedError(_failure(1, 1.0, "boom"), (0,), {})
     seen, attempt = _attempts(failed, ClusterError("node 1 lost"), None)
-    result = _with_restarts(2, attempt)  # type: ignore[arg-type]
-    assert seen == [0, 1, 2] and result.attempts == 3
+    result = _run(attempt, restarts=2)
+    assert [n for n, _ in seen] == [0, 1, 2] and result.attempts == 3
     err = capsys.readouterr().err
     assert "restarting every rank (attempt 2 of 3)" in err and "node 1 lost" in err
 
@@ -187,13 +226,129 @@ def test_rank_failures_and_lost_nodes_are_restarted(capsys: pytest.CaptureFixtur
 def test_timeouts_are_not_restarted_and_the_last_error_counts_attempts() -> None:
     seen, attempt = _attempts(TrainingTimeoutError(5.0, (1,), (0,)), None)
     with pytest.raises(TrainingTimeoutError):
-        _with_restarts(3, attempt)  # type: ignore[arg-type]
-    assert seen == [0]
+        _run(attempt, restarts=3)
+    assert seen == [(0, 2)]
     failed = TrainingFailedError(_failure(1, 1.0, "boom"), (0,), {})
     seen, attempt = _attempts(failed, failed)
     with pytest.raises(TrainingFailedError) as caught:
-        _with_restarts(1, attempt)  # type: ignore[arg-type]
+        _run(attempt, restarts=1)
     assert caught.value.attempts == 2 and "(attempt 2 of 2)" in str(caught.value)
+
+
+# -- elastic decisions: what is a loss, how far to shrink, when to grow ----------------------------
+def _killed(rank: int) -> TrainingFailedError:
+    """A rank that died by SIGKILL without a Python exception: a lost process."""
+    dead = RankFailure(rank, "h", 1.0, None, "killed by SIGKILL", exit_code=-9)
+    return TrainingFailedError(dead, (0,), {rank: dead})
+
+
+def test_causes_are_told_apart() -> None:
+    bug = TrainingFailedError(_failure(1, 1.0, "bad value"), (0,), {})
+    assert bug.cause == "training code" and "cause: training code" in str(bug)
+    assert _killed(1).cause == "infrastructure" and "cause: infrastructure" in str(_killed(1))
+    peer = RankFailure(0, "h", 1.0, "RuntimeError", "[gloo] Connection closed by peer", exit_code=1)
+    assert TrainingFailedError(peer, (), {0: peer}).cause == "infrastructure"
+    assert ClusterError("node lost").cause == "infrastructure"
+
+
+def test_a_loss_shrinks_an_elastic_run_to_what_is_left(capsys: pytest.CaptureFixture[str]) -> None:
+    backend = FakeBackend(4)
+    seen, attempt = _attempts(
+        ClusterError("node 3 lost"), _killed(1), None, backend=backend, lose=1
+    )
+    result = _run(attempt, size=4, min_processes=2, backend=backend)
+    assert seen == [(0, 4), (1, 3), (2, 2)]
+    assert [(r.cause, r.old_world_size, r.new_world_size) for r in result.rescales] == [
+        ("lost", 4, 3),
+        ("lost", 3, 2),
+    ]
+    assert result.rescales[0].detail == "node 3 lost" and result.rescales[0].restart_seconds >= 0
+    assert result.world_size == 2 and result.attempts == 3
+    assert "sparktrain: elastic: lost node 3 lost; restarting on 3 ranks" in capsys.readouterr().err
+
+
+def test_training_code_errors_are_not_rescaled_but_restarted() -> None:
+    bug = TrainingFailedError(_failure(1, 1.0, "ValueError: bad"), (0,), {})
+    backend = FakeBackend(2)
+    seen, attempt = _attempts(bug, bug, backend=backend, lose=1)
+    with pytest.raises(TrainingFailedError) as caught:
+        _run(attempt, restarts=1, min_processes=1, backend=backend)
+    assert seen == [(0, 2), (1, 2)]  # same size: max_restarts, not a rescale
+    assert caught.value.cause == "training code"
+
+
+def test_below_the_floor_is_a_capacity_error_at_once() -> None:
+    backend = FakeBackend(3)
+    seen, attempt = _attempts(ClusterError("executor 1 lost"), None, backend=backend, lose=2)
+    with pytest.raises(CapacityError) as caught:
+        _run(attempt, size=3, min_processes=2, backend=backend)
+    text = str(caught.value)
+    assert "1 rank(s) can run now" in text and "min_processes=2" in text
+    assert "1 more rank(s) of capacity are missing" in text
+    assert seen == [(0, 3)]
+
+
+def test_rescales_are_bounded() -> None:
+    backend = FakeBackend(2)
+    seen, attempt = _attempts(*[ClusterError("lost")] * 3, backend=backend)
+    with pytest.raises(ClusterError):
+        _run(attempt, size=2, min_processes=1, max_rescales=2, backend=backend)
+    assert len(seen) == 3
+
+
+def test_growing_back_relays_out_at_what_fits() -> None:
+    backend = FakeBackend(4)
+    seen, attempt = _attempts(ClusterError("lost"), GrowBack(), None, backend=backend, lose=2)
+
+    def grown(plan: LaunchPlan, number: int) -> RunResult:
+        if number == 1:
+            backend.free = 4  # capacity returned while the small run trained
+        return attempt(plan, number)  # type: ignore[operator, no-any-return]
+
+    result = _run(grown, size=4, min_processes=1, backend=backend)
+    assert seen == [(0, 4), (1, 2), (2, 4)]
+    assert [r.cause for r in result.rescales] == ["lost", "grew"]
+
+
+def test_the_grow_watch_asks_once_when_more_fits(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(elastic, "GROW_CHECK_SECONDS", 0.0)
+    backend = FakeBackend(2)
+    small = backend.layout(2, use_gpu=False, name="n")
+    asked: list[str] = []
+
+    class Asked(FakeNodes):
+        def request_grow(self) -> None:
+            asked.append("grow")
+
+    nodes = Asked(10)
+    assert watch_capacity(backend, small, 2, RunOptions(min_processes=1)) is None  # full size
+    assert watch_capacity(backend, small, 4, RunOptions(min_processes=1, grow_back=False)) is None
+    tick = watch_capacity(backend, small, 4, RunOptions(min_processes=1))
+    assert tick is not None
+    tick(nodes)
+    assert asked == []  # no more capacity than in use
+    backend.free = 3
+    tick(nodes)
+    tick(nodes)
+    assert asked == ["grow"]
+
+
+def test_finish_turns_every_rank_stopping_to_grow_into_grow_back() -> None:
+    grow = RankFailure(0, "h", 1.0, "sparktrain.errors.GrowBack", "checkpoint step 4 is saved")
+    other = dataclasses.replace(grow, rank=1)
+    with pytest.raises(GrowBack):
+        _finish([_report(0, (0, 1), failures={0: grow, 1: other})])
+    with pytest.raises(TrainingFailedError):  # a real failure beside it wins
+        _finish([_report(0, (0, 1), failures={0: grow, 1: _failure(1, 0.5, "boom")})])
+
+
+def test_elastic_bounds_are_checked() -> None:
+    with pytest.raises(ConfigError, match="min_processes=0 must be a whole number >= 1"):
+        RunOptions(min_processes=0)
+    with pytest.raises(ConfigError, match="min_processes=3 is more than num_processes=2"):
+        RunOptions(min_processes=3).check_ranks(2)
+    with pytest.raises(ConfigError, match="grow_back='yes' must be True or False"):
+        RunOptions(grow_back="yes")  # type: ignore[arg-type]
 
 
 # -- the follow loop ----------------------------------------------------------------------------

@@ -10,12 +10,17 @@ Design choices:
   because of it. Every rank's failure stays available in ``failures`` for programs.
 - A failure of the infrastructure (a lost node, executor, actor or fork server) is one
   :class:`ClusterError`, whatever the backend. Like a rank's failure, it is restarted under
-  ``max_restarts``.
+  ``max_restarts``; an elastic run (``min_processes``) continues on the capacity left instead.
+- A rank that died without a Python exception (killed by a signal: preempted, OOM-killed) or
+  failed only because a peer vanished is infrastructure too: :attr:`TrainingFailedError.cause`
+  says ``"infrastructure"``, and an elastic run treats it as a lost process. A Python exception
+  raised by the training code is ``"training code"``: a bug, never retried elastically.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 from dataclasses import dataclass
 from typing import Any
@@ -107,6 +112,15 @@ class TrainingFailedError(RuntimeError):
         # Rebuild from every field, so the error survives pickling (process pools, Ray...).
         return (_rebuild, (type(self), dict(self.__dict__)))
 
+    @property
+    def cause(self) -> str:
+        """``"training code"`` (a Python exception: a bug) or ``"infrastructure"``.
+
+        Infrastructure: the culprit died by a signal without a Python exception (preempted,
+        OOM-killed, its node gone), or every failure is a peer's connection error.
+        """
+        return "training code" if self.culprit is None else _cause_of(self.culprit)
+
     def __str__(self) -> str:
         text = self.headline or _describe(self.culprit, self.victims, self.attempts)
         if self.headline and self.attempts > 1:
@@ -165,7 +179,23 @@ class ClusterError(RuntimeError):
 
     A lost node, executor, Ray actor or fork server, a Spark job that failed or was cancelled,
     nodes that did not end when killed. On every backend, ``max_restarts`` restarts the run
-    after one, as after a rank's failure.
+    after one, as after a rank's failure; an elastic run continues on the capacity left.
+    """
+
+    cause = "infrastructure"
+
+
+class CapacityError(ClusterError):
+    """An elastic run lost capacity and fewer ranks than ``min_processes`` can run now."""
+
+
+class GrowBack(BaseException):
+    """Raised in every rank by ``sparktrain.checkpoint.save`` when the run is to grow back.
+
+    The driver of an elastic run that lost capacity asks the ranks to stop at their next
+    checkpoint once capacity has returned; the checkpoint is on disk when this is raised, and
+    the run starts again at its target size from it. A ``BaseException``, like ``SystemExit``,
+    so that ``except Exception`` in training code does not swallow it.
     """
 
 
@@ -188,6 +218,33 @@ class TrainingTimeoutError(TrainingFailedError):
         super().__init__(None, running, {}, headline=headline)
 
 
+_CONNECTION = re.compile(
+    r"connection closed by peer|connection reset by peer|broken pipe|"
+    r"connection refused|socket timeout|NCCL communicator was aborted|"
+    r"ProcessGroupNCCL.*(abort|timeout)|gloo.*(closed|reset)",
+    re.IGNORECASE,
+)
+
+
+def is_connection_error(message: str) -> bool:
+    """Whether a rank's error message is a peer's connection failing (a consequence)."""
+    return bool(_CONNECTION.search(message))
+
+
+_CAUSES = {
+    "training code": "training code (a Python exception raised by it: a bug, which "
+    "max_restarts may retry but an elastic run never rescales for)",
+    "infrastructure": "infrastructure (a process died without a Python exception, or "
+    "lost its peers; an elastic run continues on the capacity left)",
+}
+
+
+def _cause_of(culprit: RankFailure) -> str:
+    if culprit.exc_type is None and (culprit.exit_code or 0) < 0:
+        return "infrastructure"
+    return "infrastructure" if is_connection_error(culprit.message) else "training code"
+
+
 def _rebuild(cls: type[TrainingFailedError], fields: dict[str, Any]) -> TrainingFailedError:
     error = cls.__new__(cls)
     error.__dict__.update(fields)
@@ -207,6 +264,7 @@ def _describe(culprit: RankFailure | None, victims: tuple[int, ...], attempts: i
     if attempts > 1:
         lines[0] += f" (attempt {attempts} of {attempts})"
     lines.append(f"victims (stopped because of it): {_ranks(victims)}")
+    lines.append(f"cause: {_CAUSES[_cause_of(culprit)]}")
     if culprit.traceback:
         lines += ["", f"Traceback of rank {culprit.rank}:", culprit.traceback.rstrip()]
     elif culprit.log_tail:

@@ -37,6 +37,7 @@ class Attempt:
         monitor: Receives the ranks' reports; says when the caller asked to stop.
         extra_env: Variables of other contracts for every rank (MLflow's run).
         data_uri: Where Spark cached the DataFrame whose rows the ranks share, or ``None``.
+        target_world_size: In an elastic run, the size it was launched at; ``None`` otherwise.
     """
 
     plan: LaunchPlan
@@ -46,6 +47,7 @@ class Attempt:
     monitor: Monitor
     extra_env: dict[str, str] | None = None
     data_uri: str | None = None
+    target_world_size: int | None = None
 
     def spec(
         self, *, channel: tuple[str, int] | None = None, secret: bytes | None = None
@@ -60,6 +62,7 @@ class Attempt:
             data_uri=self.data_uri,
             channel=channel,
             secret=secret,
+            target_world_size=self.target_world_size,
         )
 
 
@@ -91,6 +94,9 @@ class Nodes(ABC):
     def close(self) -> None:
         """Release everything the attempt holds (called once, whatever happened)."""
 
+    def request_grow(self) -> None:  # noqa: B027 - optional: nodes that cannot grow ignore it
+        """Ask the ranks to stop at their next checkpoint, so the run grows back (elastic)."""
+
 
 class Backend(ABC):
     """Where the nodes of a run execute."""
@@ -113,6 +119,14 @@ class Backend(ABC):
     @abstractmethod
     def start(self, attempt: Attempt) -> Nodes:
         """Start every node of ``attempt``; what is started is released if this raises."""
+
+    def capacity(self, plan: LaunchPlan) -> int:
+        """How many ranks laid out like ``plan`` could run now, without waiting for any.
+
+        An elastic run asks this after a loss (to shrink) and while it runs short (to grow
+        back). The default is a backend whose capacity is never lost: ``plan``'s size.
+        """
+        return plan.world_size
 
 
 def _local(*, topology: Topology | None, ray_address: str | None, front: FrontDoor) -> Backend:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 
 from sparktrain.driver.backend import Nodes
 from sparktrain.driver.monitor import Monitor
@@ -28,13 +29,21 @@ POLL_SECONDS = 0.2
 INTERRUPT_WAIT = 5.0
 
 
-def follow(nodes: Nodes, *, stop_grace: float, monitor: Monitor) -> list[NodeReport]:
+def follow(
+    nodes: Nodes,
+    *,
+    stop_grace: float,
+    monitor: Monitor,
+    tick: Callable[[Nodes], None] | None = None,
+) -> list[NodeReport]:
     """Follow ``nodes`` until every one has reported; close them in any case.
 
     Args:
         nodes: The started nodes of one attempt.
         stop_grace: Seconds the nodes take between SIGTERM and SIGKILL of their ranks.
         monitor: Says when the caller (``on_report``) asked for the run to stop.
+        tick: Called with the nodes at every turn of the loop while they run (an elastic run
+            watching for capacity to grow back).
 
     Returns:
         Every node's report, in node order.
@@ -49,6 +58,8 @@ def follow(nodes: Nodes, *, stop_grace: float, monitor: Monitor) -> list[NodeRep
             polled = nodes.poll(POLL_SECONDS)
             if polled.reports is not None:
                 return sorted(polled.reports, key=lambda report: report.node_rank)
+            if tick is not None and cancel_at is None:
+                tick(nodes)
             if cancel_at is None and (polled.failed or monitor.stop_requested()):
                 nodes.cancel(force=False)
                 cancel_at = time.monotonic() + CANCEL_AFTER + stop_grace

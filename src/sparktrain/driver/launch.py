@@ -4,32 +4,28 @@ A launch is prepared once (:func:`prepare`): the backend is chosen, the ranks ar
 what it offers (on Spark, the free task slots are counted then), the options are checked; and
 only then is anything started. Front doors that take their arguments in a constructor
 (``TorchDistributor``) keep the :class:`PreparedLaunch` and run it, so the plan checked is the
-plan run. Each run is a sequence of attempts: with ``max_restarts=K``, a failed group (a rank's
-failure or a lost node) is stopped whole and started again, up to K times; inside the ranks
-``sparktrain.restart_count()`` tells which attempt runs, so that training resumes from its last
-checkpoint. Each attempt's nodes are followed by :func:`~sparktrain.driver.follow.follow`.
+plan run. Each run is a sequence of attempts (:mod:`sparktrain.driver.elastic`): with
+``max_restarts=K``, a failed group (a rank's failure or a lost node) is stopped whole and
+started again, up to K times; with ``min_processes``, a lost node shrinks the run instead, and
+returning capacity grows it back. Inside the ranks ``sparktrain.restart_count()`` tells which
+attempt runs, so that training resumes from its last checkpoint. Each attempt's nodes are
+followed by :func:`~sparktrain.driver.follow.follow`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from typing_extensions import Unpack
 
 from sparktrain.driver.backend import Attempt, Backend, make_backend
+from sparktrain.driver.elastic import run_attempts, watch_capacity
 from sparktrain.driver.follow import follow
 from sparktrain.driver.monitor import Monitor
 from sparktrain.driver.results import RunResult, finish
-from sparktrain.errors import (
-    ClusterError,
-    TrainingFailedError,
-    TrainingTimeoutError,
-)
 from sparktrain.launchplan.entrypoint import Entrypoint, make_entrypoint
 from sparktrain.launchplan.front import LAUNCH, FrontDoor
 from sparktrain.launchplan.layout import LaunchPlan
@@ -107,39 +103,54 @@ class PreparedLaunch:
         )
         extra = run.rank_env() if run else None
         try:
-            result = _with_restarts(
-                options.max_restarts,
-                lambda number: self._attempt(entry, number, extra, data_uri, monitor),
+            result = run_attempts(
+                self.backend,
+                self.plan,
+                options,
+                lambda plan, number: self._attempt(
+                    entry, plan, number, extra_env=extra, data_uri=data_uri, monitor=monitor
+                ),
+                monitor,
+                on_start=run.attempt_started if run else None,
             )
         except BaseException as error:
             if run is not None:
                 run.failed(error)
             raise
         if run is not None:
-            run.succeeded(result.attempts)
+            run.succeeded(result.attempts, result.rescales)
         return result
 
     def _attempt(
         self,
         entry: Entrypoint,
+        plan: LaunchPlan,
         number: int,
+        *,
         extra_env: dict[str, str] | None,
         data_uri: str | None,
         monitor: Monitor,
     ) -> RunResult:
         started = time.monotonic()
+        options = self.options
+        target = self.plan.world_size if options.elastic else None
         attempt = Attempt(
-            plan=self.plan, options=self.options, entry=entry, number=number, monitor=monitor,
-            extra_env=extra_env, data_uri=data_uri,
+            plan=plan, options=options, entry=entry, number=number, monitor=monitor,
+            extra_env=extra_env, data_uri=data_uri, target_world_size=target,
         )  # fmt: skip
         nodes = self.backend.start(attempt)
-        reports = follow(nodes, stop_grace=self.options.stop_grace, monitor=monitor)
+        reports = follow(
+            nodes,
+            stop_grace=options.stop_grace,
+            monitor=monitor,
+            tick=watch_capacity(self.backend, plan, self.plan.world_size, options),
+        )
         return finish(
             reports,
-            world_size=self.plan.world_size,
-            timeout=self.options.timeout,
+            world_size=plan.world_size,
+            timeout=options.timeout,
             duration=time.monotonic() - started,
-            hang_timeout=self.options.hang_timeout,
+            hang_timeout=options.hang_timeout,
             stopped=monitor.stop_requested(),
         )
 
@@ -174,7 +185,7 @@ def prepare(
     chosen = make_backend(backend, topology=topology, ray_address=ray_address, front=front)
     plan = chosen.layout(num_processes, use_gpu=use_gpu, name=name)
     options = options or RunOptions()
-    options.check_ranks(plan.world_size)
+    options.check_ranks(plan.world_size, name)
     return PreparedLaunch(chosen, plan, options)
 
 
@@ -239,26 +250,3 @@ def launch(
         options=run_options(options, **option_args),
     )
     return prepared.run_entry(entry, dataframe)
-
-
-def _with_restarts(max_restarts: int, attempt: Callable[[int], RunResult]) -> RunResult:
-    """Run attempts until one succeeds or ``max_restarts`` restarts are used up."""
-    number = 0
-    while True:
-        try:
-            return dataclasses.replace(attempt(number), attempts=number + 1)
-        except TrainingTimeoutError:
-            raise
-        except (TrainingFailedError, ClusterError) as error:
-            if number >= max_restarts:
-                if isinstance(error, TrainingFailedError):
-                    error.attempts = number + 1
-                raise
-            number += 1
-            first = str(error).splitlines()[0]
-            print(
-                f"sparktrain: {first}; restarting every rank "
-                f"(attempt {number + 1} of {max_restarts + 1})",
-                file=sys.stderr,
-                flush=True,
-            )

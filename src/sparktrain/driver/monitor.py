@@ -18,6 +18,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from sparktrain.rank.reporting import RESUMED_METRIC
+
 OnReport = Callable[[int, dict[str, Any]], "bool | None"]
 
 
@@ -55,6 +57,8 @@ class Monitor:
         self.label = label or "sparktrain"
         self.latest: dict[str, Any] | None = None
         self.error: BaseException | None = None
+        #: Called with the checkpoint step rank 0 of an elastic run resumed from.
+        self.on_resumed: Callable[[int], None] | None = None
         self._bar: Any = None
         self._stop = False
         self._lock = threading.Lock()
@@ -66,6 +70,9 @@ class Monitor:
         for record in records:
             if rank == 0:
                 self.latest = record
+                resumed = (record.get("metrics") or {}).get(RESUMED_METRIC)
+                if isinstance(resumed, int) and self.on_resumed is not None:
+                    self.on_resumed(resumed)
             if self.on_report is not None and self.error is None:
                 try:
                     if self.on_report(rank, record):

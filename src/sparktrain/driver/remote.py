@@ -76,6 +76,10 @@ class RemoteNodes(Nodes):
             if failed:
                 return True
 
+    def request_grow(self) -> None:
+        """Tell every node that the run grows back at the ranks' next checkpoint."""
+        self.channel.broadcast({"op": "grow"})
+
     def stop_nodes(self) -> None:
         """Tell every node (those still to connect too) to stop its ranks."""
         self.channel.broadcast({"op": "stop"})

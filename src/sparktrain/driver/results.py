@@ -7,27 +7,66 @@ cause, so such errors rank after any other failure whatever their time.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from sparktrain.errors import (
     ClusterError,
     ConfigError,
+    GrowBack,
     HangError,
     RankFailure,
     TrainingFailedError,
     TrainingTimeoutError,
+    is_connection_error,
 )
 from sparktrain.node.report import NodeReport
 
-_SECONDARY = re.compile(
-    r"connection closed by peer|connection reset by peer|broken pipe|"
-    r"connection refused|socket timeout|NCCL communicator was aborted|"
-    r"ProcessGroupNCCL.*(abort|timeout)|gloo.*(closed|reset)",
-    re.IGNORECASE,
-)
+_GROW_BACK = f"{GrowBack.__module__}.{GrowBack.__qualname__}"
+
+
+@dataclass(frozen=True)
+class Rescale:
+    """One change of an elastic run's size.
+
+    Attributes:
+        cause: ``"lost"`` (capacity was lost) or ``"grew"`` (capacity returned).
+        detail: What was lost (the first line of the error), or what returned.
+        old_world_size: Ranks before.
+        new_world_size: Ranks after.
+        at: Wall-clock time (seconds since the epoch) when the driver saw the loss or stopped
+            the ranks to grow.
+        restart_seconds: From ``at`` to the next attempt's nodes started.
+        resumed_step: The checkpoint step rank 0 resumed from (``None`` if it did not call
+            ``sparktrain.checkpoint.load_latest``).
+        resume_seconds: From ``at`` to rank 0's resume (``None`` likewise).
+    """
+
+    cause: Literal["lost", "grew"]
+    detail: str
+    old_world_size: int
+    new_world_size: int
+    at: float
+    restart_seconds: float
+    resumed_step: int | None = None
+    resume_seconds: float | None = None
+
+    def describe(self) -> str:
+        """The one line that tells a user what happened."""
+        what = (
+            f"lost {self.detail}" if self.cause == "lost" else f"capacity returned ({self.detail})"
+        )
+        step = (
+            f"from checkpoint step {self.resumed_step}"
+            if self.resumed_step is not None
+            else "with no checkpoint loaded"
+        )
+        took = f", {self.resume_seconds:.1f} s after" if self.resume_seconds is not None else ""
+        return (
+            f"sparktrain: elastic: {what}; resumed on {self.new_world_size} rank(s) (was "
+            f"{self.old_world_size}) {step}{took}"
+        )
 
 
 @dataclass(frozen=True)
@@ -42,6 +81,8 @@ class RunResult:
         attempts: How many times the group was started (restarts + 1).
         stopped: Whether ``on_report`` stopped the run before its ranks ended (values are those
             of ranks that had returned by then).
+        rescales: Every change of an elastic run's size, in order (see
+            :mod:`sparktrain.driver.elastic`); ``world_size`` is the last attempt's.
     """
 
     return_values: Mapping[int, Any]
@@ -50,6 +91,7 @@ class RunResult:
     nodes: tuple[NodeReport, ...] = ()
     attempts: int = 1
     stopped: bool = False
+    rescales: tuple[Rescale, ...] = ()
 
     @property
     def value(self) -> Any:
@@ -58,7 +100,7 @@ class RunResult:
 
 
 def _secondary(failure: RankFailure) -> bool:
-    return bool(_SECONDARY.search(failure.message))
+    return is_connection_error(failure.message)
 
 
 def culprit_of(failures: Mapping[int, RankFailure]) -> RankFailure:
@@ -107,6 +149,8 @@ def finish(
         # Nodes keep their own clocks: when one stops its ranks for a hang or a timeout, peers
         # on other nodes may fail with a connection error first. Those are victims, not causes.
         failures = {r: f for r, f in failures.items() if not _secondary(f)}
+    if failures and all(f.exc_type == _GROW_BACK for f in failures.values()):
+        raise GrowBack("the ranks stopped at a checkpoint to grow back")
     if failures:
         culprit = culprit_of(failures)
         victims = {r for report in reports for r in report.stopped}

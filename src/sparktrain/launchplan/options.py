@@ -59,6 +59,17 @@ def _restarts(name: str, value: object) -> int:
     return value
 
 
+def _count_or_none(name: str, value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(
+            f"{name}={value!r} must be a whole number >= 1 (the fewest ranks the run may go "
+            "on with), or None for a run that is not elastic."
+        )
+    return value
+
+
 def _flag(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"{name}={value!r} must be True or False.")
@@ -156,6 +167,27 @@ class RunOptions:
         "this many times (timeouts are not restarted)",
         cli=int,
     )
+    min_processes: int | None = _option(
+        None,
+        _count_or_none,
+        "make the run elastic: when a node, executor or process is lost, go on from the latest "
+        "sparktrain.checkpoint on the ranks still available, down to this many (None: not "
+        "elastic; a loss fails the run or uses max_restarts)",
+        cli=int,
+    )
+    grow_back: bool = _option(
+        True,
+        _flag,
+        "in an elastic run that shrank, grow back to the full size at the next checkpoint "
+        "once the capacity returns",
+        cli=bool,
+    )
+    max_rescales: int = _option(
+        10,
+        _restarts,
+        "in an elastic run, how many times it may shrink or grow before a loss fails it",
+        cli=int,
+    )
     exit_grace: float = _option(
         DEFAULT_EXIT_GRACE,
         _seconds,
@@ -223,8 +255,19 @@ class RunOptions:
         """These options as they travel to the nodes: without the caller's callback."""
         return dataclasses.replace(self, on_report=None)
 
-    def check_ranks(self, world_size: int) -> None:
-        """Raise :class:`ConfigError` if ``log_ranks`` names a rank the run does not have."""
+    @property
+    def elastic(self) -> bool:
+        """Whether a lost node shrinks the run instead of failing it (``min_processes``)."""
+        return self.min_processes is not None
+
+    def check_ranks(self, world_size: int, name: str = "num_processes") -> None:
+        """Raise :class:`ConfigError` if ``log_ranks`` or ``min_processes`` do not fit the run."""
+        if self.min_processes is not None and self.min_processes > world_size:
+            raise ConfigError(
+                f"min_processes={self.min_processes} is more than {name}={world_size}; the "
+                f"fewest ranks an elastic run goes on with must be at most its full size: pass "
+                f"min_processes<={world_size}."
+            )
         if self.log_ranks is None:
             return
         outside = sorted(r for r in self.log_ranks if r >= world_size)
@@ -241,6 +284,9 @@ class RunOptionsArgs(TypedDict, total=False):
     timeout: float | None
     hang_timeout: float | None
     max_restarts: int
+    min_processes: int | None
+    grow_back: bool
+    max_rescales: int
     exit_grace: float
     stop_grace: float
     log_ranks: Collection[int] | None

@@ -24,6 +24,7 @@ import queue
 import socket
 import struct
 import threading
+from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger("sparktrain.node.channel")
@@ -214,6 +215,8 @@ class ChannelClient:
         _keepalive(self._sock)
         self._framed = _Framed(self._sock, secret, sends=b"c2s", receives=b"s2c")
         self.broken = False
+        #: Called when the driver says the run is to grow back at its next checkpoint.
+        self.on_grow: Callable[[], None] | None = None
 
     def send(self, message: dict[str, Any]) -> None:
         """Send one message; a broken channel is noted (the node then stops) and not raised."""
@@ -229,13 +232,19 @@ class ChannelClient:
         return self._sock.fileno()
 
     def stop_requested(self) -> bool:
-        """Read the driver's message; ``True`` for ``stop``, a closed or a broken channel."""
+        """Read the driver's message; ``True`` for ``stop``, a closed or a broken channel.
+
+        ``grow`` (an elastic run's capacity returned) calls :attr:`on_grow` and is not a stop.
+        """
         if self.broken:
             return True
         try:
-            return bool(self._framed.receive().get("op") == "stop")
+            op = self._framed.receive().get("op")
         except (ChannelError, OSError, EOFError):
             return True
+        if op == "grow" and self.on_grow is not None:
+            self.on_grow()
+        return bool(op == "stop")
 
     def close(self) -> None:
         """Close the connection."""

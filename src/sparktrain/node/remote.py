@@ -10,13 +10,14 @@ its ranks when the driver says so or the channel breaks, and returns the node's 
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 from typing import Any
 
 from sparktrain.node.channel import ChannelClient
 from sparktrain.node.logs import LogSink, Stream
 from sparktrain.node.outcome import RankExit
 from sparktrain.node.report import NodeReport
-from sparktrain.node.runner import NodeRun
+from sparktrain.node.runner import NodeRun, grow_path
 from sparktrain.node.spec import NodeSpec, Place
 
 
@@ -61,6 +62,7 @@ def run_connected(
         channel.send(
             {"kind": "hello", "node": place.node, "host": place.host, "ranks": list(ranks)}
         )
+        channel.on_grow = lambda: Path(grow_path(run_dir)).touch()
 
         def on_exit(ended: RankExit) -> None:
             channel.send({"kind": "exit", "rank": ended.rank, "code": ended.exit_code})

@@ -34,6 +34,11 @@ def prepare_run_dir(spec: NodeSpec, kind: str) -> str:
     return run_dir
 
 
+def grow_path(run_dir: str) -> str:
+    """The file whose presence asks this node's ranks to stop at their next checkpoint."""
+    return os.path.join(run_dir, "GROW")
+
+
 def bind_rendezvous(host: str) -> socket.socket:
     """Node 0's rendezvous socket on ``host`` at a free port, for rank 0 to host the store on.
 
@@ -81,6 +86,8 @@ def rank_requests(
             threads=spec.threads,
             restart=spec.attempt,
             max_restarts=spec.options.max_restarts,
+            target_world_size=spec.target_world_size,
+            grow_file=grow_path(run_dir) if spec.target_world_size is not None else None,
         )
         requests.append(
             RankRequest(

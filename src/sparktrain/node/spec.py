@@ -38,6 +38,8 @@ class NodeSpec:
         secret: The attempt's secret for the channel.
         gpu_shares: GPUs of each node's one rank, when a rank owns several (see
             ``LaunchPlan.gpu_shares``); ``None``: one GPU per rank.
+        target_world_size: In an elastic run, the size it was launched at (this attempt may
+            run fewer ranks); ``None`` when the run is not elastic.
     """
 
     run_id: str
@@ -55,6 +57,7 @@ class NodeSpec:
     channel: tuple[str, int] | None = None
     secret: bytes | None = None
     gpu_shares: tuple[int, ...] | None = None
+    target_world_size: int | None = None
 
     @property
     def nodes(self) -> int:
@@ -94,6 +97,7 @@ def node_spec(
     data_uri: str | None = None,
     channel: tuple[str, int] | None = None,
     secret: bytes | None = None,
+    target_world_size: int | None = None,
 ) -> NodeSpec:
     """The spec of one attempt of ``plan`` running ``entry`` under ``options``."""
     function = isinstance(entry, FunctionEntry)
@@ -114,4 +118,5 @@ def node_spec(
         channel=channel,
         secret=secret,
         gpu_shares=plan.gpu_shares,
+        target_world_size=target_world_size,
     )

@@ -7,6 +7,12 @@ considers only complete folders. Rank 0 writes the full state by default (every 
 ``save``; the others wait at a barrier so that no rank runs ahead of a checkpoint that is not on
 disk yet); ``sharded=True`` writes each rank's shards with ``torch.distributed.checkpoint`` (FSDP).
 The last ``keep`` checkpoints are kept.
+
+In an elastic run (``min_processes``), a checkpoint is where the run may change size: each
+checkpoint records the world size it was saved at, ``load_latest`` calls ``on_rescale(old,
+new)`` when that differs from the current one (to scale the learning rate), and ``save`` raises
+:class:`~sparktrain.errors.GrowBack` in every rank, once the checkpoint is on disk, when the
+driver has asked the run to grow back.
 """
 
 from __future__ import annotations
@@ -15,12 +21,15 @@ import json
 import os
 import re
 import shutil
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sparktrain.rank import env
+from sparktrain.errors import GrowBack
+from sparktrain.rank import env, reporting
 
 _NAME = re.compile(r"^step-(\d{8,})$")
 _MARKER = "COMPLETE"
@@ -35,11 +44,14 @@ class Checkpoint:
         step: The step it was saved at.
         state: What was saved (for ``sharded=True``, the state dict loaded in place).
         path: Its folder.
+        world_size: The number of ranks that saved it (``None`` for checkpoints written before
+            sparktrain recorded it).
     """
 
     step: int
     state: Any
     path: Path
+    world_size: int | None = None
 
 
 def _dist() -> Any:
@@ -73,8 +85,9 @@ def _complete(path: Path) -> bool:
     return _NAME.match(path.name) is not None and (path / _MARKER).is_file()
 
 
-def _publish(tmp: Path, final: Path, step: int) -> None:
-    (tmp / _MARKER).write_text(json.dumps({"step": step, "time": time.time()}))
+def _publish(tmp: Path, final: Path, step: int, world_size: int) -> None:
+    marker = {"step": step, "time": time.time(), "world_size": world_size}
+    (tmp / _MARKER).write_text(json.dumps(marker))
     _fsync_tree(tmp)
     if final.exists():  # the same step saved again (a resumed run): replace it whole
         old = final.with_name(f".{final.name}.old")
@@ -146,11 +159,31 @@ def save(
     if dist:
         dist.barrier()
     if rank == 0:
-        _publish(tmp, final, step)
+        _publish(tmp, final, step, dist.get_world_size() if dist else env.contract_world_size())
         _prune(root, keep)
     if dist:
         dist.barrier()
+    if _grow_requested(dist):
+        raise GrowBack(f"checkpoint step {step} is saved; the run grows back from it")
     return final
+
+
+def _grow_requested(dist: Any) -> bool:
+    """Whether the driver asked this elastic run to grow back, agreed by every rank."""
+    marker = env.grow_file()
+    if marker is None:
+        return False
+    import torch
+
+    here = os.path.exists(marker)
+    if dist is None:
+        return here
+    device = "cpu"
+    if dist.get_backend() == "nccl":
+        device = f"cuda:{torch.cuda.current_device()}"
+    flag = torch.tensor([1 if here else 0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # the nodes hear the driver at different times
+    return bool(flag.item())
 
 
 def latest_step(directory: str | os.PathLike[str]) -> int | None:
@@ -168,6 +201,7 @@ def load_latest(
     into: Any = None,
     map_location: Any = "cpu",
     weights_only: bool = True,
+    on_rescale: Callable[[int, int], Any] | None = None,
 ) -> Checkpoint | None:
     """Load the newest complete checkpoint, or return ``None`` when there is none.
 
@@ -178,6 +212,10 @@ def load_latest(
         map_location: Where tensors go (full checkpoints).
         weights_only: Refuse arbitrary pickled objects (``torch.load``'s safe mode); pass
             ``False`` for states holding other Python objects you trust.
+        on_rescale: Called as ``on_rescale(old_world_size, new_world_size)`` when the
+            checkpoint was saved by a different number of ranks than run now (an elastic run
+            shrank or grew): scale the learning rate there if you prefer that to a constant
+            global batch (see :func:`sparktrain.elastic.accumulation`).
     """
     import torch
 
@@ -185,10 +223,40 @@ def load_latest(
     if step is None:
         return None
     path = Path(directory) / f"step-{step:08d}"
+    saved_by = _saved_world_size(path)
     if into is not None:
         import torch.distributed.checkpoint as dcp
 
         dcp.load(into, checkpoint_id=str(path))  # type: ignore[attr-defined]
-        return Checkpoint(step=step, state=into, path=path)
-    state = torch.load(path / _STATE, map_location=map_location, weights_only=weights_only)
-    return Checkpoint(step=step, state=state, path=path)
+        state = into
+    else:
+        state = torch.load(path / _STATE, map_location=map_location, weights_only=weights_only)
+    _resumed(step, saved_by, on_rescale)
+    return Checkpoint(step=step, state=state, path=path, world_size=saved_by)
+
+
+def _saved_world_size(path: Path) -> int | None:
+    try:
+        found = json.loads((path / _MARKER).read_text()).get("world_size")
+    except (OSError, ValueError):
+        return None
+    return int(found) if isinstance(found, int) else None
+
+
+def _resumed(step: int, saved_by: int | None, on_rescale: Callable[[int, int], Any] | None) -> None:
+    """Tell the driver (and the user's hook) that this rank resumed from ``step``."""
+    dist = _dist()
+    now = dist.get_world_size() if dist else env.contract_world_size()
+    rank = dist.get_rank() if dist else env.contract_rank()
+    if rank == 0 and env.target_world_size() is not None:
+        reporting.report(**{reporting.RESUMED_METRIC: step})
+        reporting.flush()
+        if saved_by is not None and saved_by != now:
+            print(
+                f"sparktrain: resumed from checkpoint step {step}, saved by {saved_by} "
+                f"rank(s), on {now} rank(s)",
+                file=sys.stderr,
+                flush=True,
+            )
+    if on_rescale is not None and saved_by is not None and saved_by != now:
+        on_rescale(saved_by, now)

@@ -38,6 +38,8 @@ CONTRACT_VARS = (
     "TORCHELASTIC_MAX_RESTARTS",
     "TORCHELASTIC_USE_AGENT_STORE",
     "ACCELERATE_USE_CPU",
+    "SPARKTRAIN_TARGET_WORLD_SIZE",
+    "SPARKTRAIN_GROW_FILE",
 )
 
 
@@ -59,6 +61,10 @@ class RankEnv:
         threads: Intra-op threads for the rank (``OMP_NUM_THREADS`` unless the user set it).
         restart: How many times the group was restarted before this attempt.
         max_restarts: How many restarts the run allows.
+        target_world_size: In an elastic run, the size it was launched at (``None``: not
+            elastic).
+        grow_file: In an elastic run, the file whose presence asks the ranks to stop at their
+            next checkpoint so that the run grows back.
     """
 
     rank: int
@@ -74,6 +80,8 @@ class RankEnv:
     threads: int
     restart: int = 0
     max_restarts: int = 0
+    target_world_size: int | None = None
+    grow_file: str | None = None
 
     def variables(self) -> dict[str, str]:
         """The variables to set in the rank, as strings."""
@@ -96,6 +104,10 @@ class RankEnv:
             "TORCHELASTIC_USE_AGENT_STORE": "True",
             "PYTHONUNBUFFERED": "1",
         }
+        if self.target_world_size is not None:
+            out["SPARKTRAIN_TARGET_WORLD_SIZE"] = str(self.target_world_size)
+        if self.grow_file is not None:
+            out["SPARKTRAIN_GROW_FILE"] = self.grow_file
         if self.visible_devices is not None:
             out["CUDA_VISIBLE_DEVICES"] = ",".join(self.visible_devices)
         else:
@@ -134,9 +146,25 @@ def restart_count() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or "0")
 
 
+def target_world_size() -> int | None:
+    """Inside a rank of an elastic run: the size it was launched at; ``None`` when not elastic."""
+    raw = os.environ.get("SPARKTRAIN_TARGET_WORLD_SIZE")
+    return int(raw) if raw else None
+
+
+def grow_file() -> str | None:
+    """Inside a rank of an elastic run: the file that asks for a stop to grow back, or ``None``."""
+    return os.environ.get("SPARKTRAIN_GROW_FILE") or None
+
+
 def contract_rank() -> int:
     """Inside a rank: its global rank from the contract (``RANK``), 0 outside any launch."""
     return int(os.environ.get("RANK", "0") or "0")
+
+
+def contract_world_size() -> int:
+    """Inside a rank: the number of ranks from the contract (``WORLD_SIZE``), 1 outside."""
+    return int(os.environ.get("WORLD_SIZE", "1") or "1")
 
 
 def contract_int(name: str, default: int) -> int:

@@ -39,6 +39,10 @@ class _Pipe:
 _pipe = _Pipe()
 
 
+#: The metric rank 0 of an elastic run reports when it resumed from a checkpoint (its step).
+RESUMED_METRIC = "sparktrain.resumed_step"
+
+
 def attach(fd: int) -> None:
     """Use ``fd`` for this rank's reports (called by the worker before user code runs)."""
     os.set_blocking(fd, False)

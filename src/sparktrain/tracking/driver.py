@@ -18,7 +18,7 @@ import threading
 import time
 import traceback
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,12 +95,20 @@ class DriverRun:
     def _client(self) -> Any:
         return self.mlflow.tracking.MlflowClient(self.uri)
 
-    def succeeded(self, attempts: int) -> None:
-        """Log the outcome and close the run as FINISHED."""
+    def attempt_started(self, plan: LaunchPlan, number: int) -> None:
+        """Log the attempt's ``world_size`` at MLflow step ``number``: one run, every size."""
+        self._client().log_metric(self.run_id, "world_size", plan.world_size, step=number)
+
+    def succeeded(self, attempts: int, rescales: Sequence[Any] = ()) -> None:
+        """Log the outcome (and an elastic run's rescales) and close the run as FINISHED."""
         client = self._client()
         client.log_metric(self.run_id, "duration_s", time.time() - self.started)
         client.set_tag(self.run_id, "sparktrain.outcome", "succeeded")
         client.set_tag(self.run_id, "sparktrain.attempts", str(attempts))
+        if rescales:
+            client.set_tag(self.run_id, "sparktrain.rescales", str(len(rescales)))
+            lines = "\n".join(r.describe() for r in rescales)
+            client.log_text(self.run_id, lines + "\n", "sparktrain/rescales.txt")
         client.set_terminated(self.run_id, "FINISHED")
 
     def failed(self, error: BaseException) -> None:
@@ -108,6 +116,9 @@ class DriverRun:
         client = self._client()
         client.log_metric(self.run_id, "duration_s", time.time() - self.started)
         client.set_tag(self.run_id, "sparktrain.outcome", type(error).__name__)
+        cause = getattr(error, "cause", None)
+        if isinstance(cause, str):
+            client.set_tag(self.run_id, "sparktrain.cause", cause)
         if isinstance(error, TrainingFailedError):
             client.set_tag(self.run_id, "sparktrain.attempts", str(error.attempts))
             if error.culprit is not None:

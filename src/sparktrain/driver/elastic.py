@@ -1,0 +1,222 @@
+"""A run's attempts: restarts after failures, and, for an elastic run, shrinking and growing.
+
+Every run is a sequence of attempts (:func:`run_attempts`). What ends an attempt decides the next:
+
+- A Python exception raised by the training code is a bug. The run fails, or, with
+  ``max_restarts=K``, starts again at the same size up to K times.
+- A loss of infrastructure (a node, executor, Ray node or process gone; see
+  :attr:`~sparktrain.errors.TrainingFailedError.cause`) fails the run, or uses ``max_restarts``,
+  unless the run is elastic (``min_processes``): then the next attempt runs on the ranks the
+  backend can run now (:meth:`~sparktrain.driver.backend.Backend.capacity`), if that is at least
+  ``min_processes``, and the ranks resume from their latest ``sparktrain.checkpoint``. Fewer is
+  a :class:`~sparktrain.errors.CapacityError` at once, never a wait.
+- While an elastic run is short of its full size and ``grow_back`` is on, the driver looks at
+  the capacity every :data:`GROW_CHECK_SECONDS`; once more ranks fit, it asks the ranks to stop
+  at their next checkpoint (:class:`~sparktrain.errors.GrowBack`), and the next attempt runs
+  as many ranks as fit, up to the full size.
+
+Each change of size is a :class:`Rescale` in ``RunResult.rescales``, one line on stderr (with
+the checkpoint step that rank 0 resumed from, once it reports it), and a ``world_size`` metric
+in the run's MLflow run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from collections.abc import Callable
+from typing import Literal
+
+from sparktrain.driver.backend import Backend, Nodes
+from sparktrain.driver.monitor import Monitor
+from sparktrain.driver.results import Rescale, RunResult
+from sparktrain.errors import (
+    CapacityError,
+    ClusterError,
+    ConfigError,
+    GrowBack,
+    TrainingFailedError,
+    TrainingTimeoutError,
+)
+from sparktrain.launchplan.layout import LaunchPlan
+from sparktrain.launchplan.options import RunOptions
+
+#: While an elastic run is short of its full size: how often the driver looks at the capacity.
+GROW_CHECK_SECONDS = 2.0
+
+
+Attempt = Callable[[LaunchPlan, int], RunResult]
+
+
+def run_attempts(
+    backend: Backend,
+    plan: LaunchPlan,
+    options: RunOptions,
+    attempt: Attempt,
+    monitor: Monitor,
+    *,
+    name: str = "num_processes",
+    on_start: Callable[[LaunchPlan, int], None] | None = None,
+) -> RunResult:
+    """Run attempts of ``plan`` until one succeeds, the restarts are used up, or capacity ends.
+
+    Args:
+        backend: Where the nodes run (asked for its capacity by elastic runs).
+        plan: The full-size layout.
+        options: The run's policy (``max_restarts``, ``min_processes``, ``grow_back``...).
+        attempt: Runs one attempt of a layout (``attempt(plan, number)``) and returns its
+            result or raises its error.
+        monitor: The run's monitor (rank 0's resume report completes a rescale's record).
+        name: What the caller's front door calls the number of ranks, for messages.
+        on_start: Called before each attempt with its layout and number (MLflow's metric).
+    """
+    log = _Rescales(monitor)
+    restarts, number, current = 0, 0, plan
+    while True:
+        if on_start is not None:
+            on_start(current, number)
+        log.started()
+        try:
+            result = attempt(current, number)
+            return dataclasses.replace(result, attempts=number + 1, rescales=log.done())
+        except GrowBack:
+            bigger = fit(backend, current, plan.world_size, options, name=name, why="grow back")
+            log.add("grew", _grown(current, bigger), current, bigger)
+            current = bigger
+        except TrainingTimeoutError:
+            raise
+        except (TrainingFailedError, ClusterError) as error:
+            lost = options.elastic and error.cause == "infrastructure"
+            if lost and len(log.entries) < options.max_rescales:
+                smaller = fit(
+                    backend, current, plan.world_size, options, name=name, why=_first(error)
+                )
+                log.add("lost", _first(error), current, smaller)
+                current = smaller
+            elif restarts < options.max_restarts:
+                restarts += 1
+                _say(
+                    f"sparktrain: {_first(error)}; restarting every rank "
+                    f"(attempt {restarts + 1} of {options.max_restarts + 1})"
+                )
+            else:
+                if isinstance(error, TrainingFailedError):
+                    error.attempts = number + 1
+                if lost:
+                    _say(
+                        f"sparktrain: elastic: not going on: the run already changed size "
+                        f"{len(log.entries)} time(s), max_rescales={options.max_rescales}"
+                    )
+                raise
+        number += 1
+
+
+def fit(
+    backend: Backend,
+    current: LaunchPlan,
+    target: int,
+    options: RunOptions,
+    *,
+    name: str,
+    why: str,
+) -> LaunchPlan:
+    """The largest layout, up to ``target`` ranks and at least ``min_processes``, that fits now.
+
+    Raises:
+        CapacityError: Fewer than ``min_processes`` ranks fit; names what is there and what is
+            missing.
+    """
+    floor = options.min_processes or target
+    capacity = min(backend.capacity(current), target)
+    use_gpu = current.device == "cuda"
+    for size in range(capacity, floor - 1, -1):
+        try:
+            return backend.layout(size, use_gpu=use_gpu, name=name)
+        except ConfigError:  # not a layout this backend can make of that size: try one less
+            continue
+    raise CapacityError(
+        f"the elastic run cannot go on after {why}: {max(capacity, 0)} rank(s) can run now "
+        f"on the {backend.name} backend, fewer than min_processes={floor} (the run's full size "
+        f"is {target}); {floor - max(capacity, 0)} more rank(s) of capacity are missing. Add "
+        "nodes or executors, or lower min_processes."
+    )
+
+
+def watch_capacity(
+    backend: Backend, plan: LaunchPlan, target: int, options: RunOptions
+) -> Callable[[Nodes], None] | None:
+    """For the follow loop: asks the nodes to grow back once more ranks fit (``None``: never)."""
+    if not options.elastic or not options.grow_back or plan.world_size >= target:
+        return None
+    state = {"next": time.monotonic() + GROW_CHECK_SECONDS, "asked": False}
+
+    def tick(nodes: Nodes) -> None:
+        now = time.monotonic()
+        if state["asked"] or now < state["next"]:
+            return
+        state["next"] = now + GROW_CHECK_SECONDS
+        try:
+            more = backend.capacity(plan) > plan.world_size
+        except Exception:  # a cluster that cannot answer now: ask again later
+            return
+        if more:
+            state["asked"] = True
+            _say(
+                "sparktrain: elastic: capacity returned; the ranks stop at their next "
+                f"checkpoint to grow back from {plan.world_size} rank(s) toward {target}"
+            )
+            nodes.request_grow()
+
+    return tick
+
+
+class _Rescales:
+    """The rescales of one run, completed by rank 0's resume report."""
+
+    def __init__(self, monitor: Monitor) -> None:
+        self.entries: list[Rescale] = []
+        self._began = 0.0
+        monitor.on_resumed = self._resumed
+
+    def started(self) -> None:
+        if self.entries and self.entries[-1].restart_seconds < 0:
+            last = self.entries[-1]
+            took = time.time() - last.at
+            self.entries[-1] = dataclasses.replace(last, restart_seconds=took)
+
+    def add(
+        self, cause: Literal["lost", "grew"], detail: str, old: LaunchPlan, new: LaunchPlan
+    ) -> None:
+        entry = Rescale(cause, detail, old.world_size, new.world_size, time.time(), -1.0)
+        self.entries.append(entry)
+        _say(
+            f"sparktrain: elastic: {'lost ' + detail if cause == 'lost' else 'growing back'}; "
+            f"restarting on {new.describe()} (was {old.world_size} rank(s)) from the latest "
+            "checkpoint"
+        )
+
+    def _resumed(self, step: int) -> None:
+        if not self.entries or self.entries[-1].resumed_step is not None:
+            return
+        last = self.entries[-1]
+        self.entries[-1] = dataclasses.replace(
+            last, resumed_step=step, resume_seconds=time.time() - last.at
+        )
+        _say(self.entries[-1].describe())
+
+    def done(self) -> tuple[Rescale, ...]:
+        return tuple(self.entries)
+
+
+def _first(error: BaseException) -> str:
+    text = str(error)
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _grown(old: LaunchPlan, new: LaunchPlan) -> str:
+    return f"{new.world_size - old.world_size} more rank(s) fit"
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

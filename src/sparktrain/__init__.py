@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from sparktrain._version import __version__
 from sparktrain.errors import (
+    CapacityError,
     ClusterConfigError,
     ClusterError,
     ConfigError,
@@ -24,14 +25,15 @@ from sparktrain.rank.env import restart_count
 from sparktrain.rank.reporting import progress, report
 
 if TYPE_CHECKING:
-    from sparktrain import checkpoint, tuning
+    from sparktrain import checkpoint, elastic, tuning
     from sparktrain.compat.decorator import distributed
     from sparktrain.compat.deepspeed_distributor import DeepspeedTorchDistributor
     from sparktrain.compat.horovod_runner import HorovodRunner
     from sparktrain.compat.tensorflow_runner import MirroredStrategyRunner
     from sparktrain.compat.torch_distributor import TorchDistributor
     from sparktrain.driver.launch import launch
-    from sparktrain.driver.results import RunResult
+    from sparktrain.driver.local_cluster import LocalCluster
+    from sparktrain.driver.results import Rescale, RunResult
     from sparktrain.launchplan.layout import LaunchPlan
     from sparktrain.launchplan.options import RunOptions
     from sparktrain.node.warm import shutdown as shutdown_warm
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
     from sparktrain.tuning import tune
 
 __all__ = [
+    "CapacityError",
     "ClusterConfigError",
     "ClusterError",
     "ConfigError",
@@ -56,8 +59,10 @@ __all__ = [
     "HangError",
     "HorovodRunner",
     "LaunchPlan",
+    "LocalCluster",
     "MirroredStrategyRunner",
     "RankFailure",
+    "Rescale",
     "RunOptions",
     "RunResult",
     "SparkJobError",
@@ -69,6 +74,7 @@ __all__ = [
     "checkpoint",
     "deepspeed_config",
     "distributed",
+    "elastic",
     "forward_backward",
     "full_state_dict",
     "launch",
@@ -93,6 +99,9 @@ _LAZY = {
         "DeepspeedTorchDistributor",
     ),
     "checkpoint": ("sparktrain", "checkpoint"),
+    "elastic": ("sparktrain", "elastic"),
+    "LocalCluster": ("sparktrain.driver.local_cluster", "LocalCluster"),
+    "Rescale": ("sparktrain.driver.results", "Rescale"),
     "distributed": ("sparktrain.compat.decorator", "distributed"),
     "HorovodRunner": ("sparktrain.compat.horovod_runner", "HorovodRunner"),
     "MirroredStrategyRunner": ("sparktrain.compat.tensorflow_runner", "MirroredStrategyRunner"),

@@ -16,7 +16,8 @@ Build the dataset once (in the caller, or in every rank) and iterate it in every
     sparktrain.launch(train, ds, num_processes=2)
 
 Each rank reads only its share, a shuffle window at a time; every rank yields the same number of
-batches; ``ds.state_dict()`` saved in a checkpoint resumes mid-epoch (docs/data.md).
+batches; ``ds.state_dict()`` saved in a checkpoint resumes mid-epoch, at the same world size or
+at another (docs/data.md, "Resumption").
 
 Inside a rank started by ``TorchDistributor.train_on_dataframe``, :func:`rank_dataloader` and
 :func:`rank_dataset` give the rank's share of that DataFrame.

@@ -3,7 +3,8 @@
 Every rank of a run builds the same dataset (pass it to the training function, or build it
 inside); each finds its rank and world size from ``torch.distributed`` or the launch's
 environment, and reads only its share. Iterate it directly, or through :meth:`loader` for
-DataLoader workers; both count what was yielded so that :meth:`state_dict` resumes mid-epoch.
+DataLoader workers; both count what was yielded so that :meth:`state_dict` resumes mid-epoch,
+at the same world size or at another (:mod:`sparktrain.data.remainder`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from sparktrain.data import order
+from sparktrain.data import order, remainder
 from sparktrain.data.columns import check_schema
 from sparktrain.data.reader import Stream, batches
 from sparktrain.data.sources import Source
@@ -65,7 +66,12 @@ class StreamingDataset(IterableDataset[Any]):
             and read slower (docs/data.md, "Measured").
         uneven: When the rows do not divide among the ranks: ``"pad"`` repeats rows from the
             epoch's start, ``"drop"`` leaves the last ones out. Either way every rank yields the
-            same number of batches.
+            same number of batches. After a resume at another world size the rest of the epoch
+            is divided the same way: ``"pad"`` repeats rows of the rest (a row read by padding
+            counts as read, and is not read again), ``"drop"`` carries the rows the earlier
+            world size had left out (and the short batches ``drop_last`` left out) over to the
+            new one, which leaves out the last ``rest mod world_size`` of them (when the earlier
+            size had handed out all its batches, the epoch is over and nothing is carried).
         drop_last: Leave out each worker's last, short batch.
         transform: Called on every batch (in the DataLoader worker) and its result yielded:
             decode images, tokenise text (string and binary columns come as lists).
@@ -105,6 +111,8 @@ class StreamingDataset(IterableDataset[Any]):
         self._fixed = (rank, world_size)
         self._resume = Resume()
         self._pass = Resume()  # the current pass: batches handed out, and how
+        self._legs: tuple[remainder.Leg, ...] = ()  # this epoch's earlier world sizes
+        self._left: tuple[int, tuple[remainder.Leg, ...], remainder.Runs] | None = None
 
     # -- the group ------------------------------------------------------------------------
     def group(self) -> tuple[int, int]:
@@ -143,10 +151,17 @@ class StreamingDataset(IterableDataset[Any]):
         if not isinstance(epoch, int) or epoch < 0:
             raise ConfigError(f"set_epoch({epoch!r}): the epoch must be a whole number >= 0.")
         if epoch != self._resume.epoch:
-            self._resume, self._pass = Resume(epoch=epoch), Resume()
+            self._resume, self._pass, self._legs = Resume(epoch=epoch), Resume(), ()
 
     def state_dict(self) -> dict[str, Any]:
-        """Where this rank is: save it in a checkpoint; :meth:`load_state_dict` resumes there."""
+        """Where this rank is: save it in a checkpoint; :meth:`load_state_dict` resumes there.
+
+        ``epoch``; ``consumed``, ``workers``, ``loader_batch`` and ``world_size``: the batches
+        each rank handed out at the current world size, and how; ``legs``: the same for each
+        earlier world size of this epoch (an elastic run's resumptions), oldest first; and the
+        settings the order depends on. Every rank's state is the same at a step boundary: any
+        one of them resumes every rank, at this world size or at another.
+        """
         world = self.group()[1]
         now = self._pass if self._pass.consumed else self._resume
         return {
@@ -158,31 +173,51 @@ class StreamingDataset(IterableDataset[Any]):
             "batch_size": self.batch_size,
             "world_size": world,
             "rows": self.source.rows,
+            "shuffle": self.shuffle,
+            "shuffle_buffer": self.shuffle_buffer,
+            "uneven": self.uneven,
+            "drop_last": self.drop_last,
+            "legs": [leg.as_dict() for leg in self._legs],
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume at the next batch the saved run had not yet yielded."""
+        """Resume at the next batch the saved run had not yet yielded, at any world size.
+
+        At the saved world size the pass goes on where the saved one stopped (with the same
+        ``num_workers``). At another, the ranks share what the saved run's ranks had not read
+        (computed from this state alone) and read it to the end of the epoch, with any
+        ``num_workers``; the next epoch is a whole one at the new size.
+        """
         _, world = self.group()
-        expected = {
+        expected: dict[str, Any] = {
             "seed": self.seed,
             "batch_size": self.batch_size,
-            "world_size": world,
             "rows": self.source.rows,
         }
+        optional = {  # states saved before elastic resumption lack these
+            "shuffle": self.shuffle,
+            "shuffle_buffer": self.shuffle_buffer,
+            "uneven": self.uneven,
+            "drop_last": self.drop_last,
+        }
+        expected.update({k: v for k, v in optional.items() if k in state})
         wrong = {k: (state.get(k), v) for k, v in expected.items() if state.get(k) != v}
         if wrong:
             detail = ", ".join(f"{k} was {a!r}, now {b!r}" for k, (a, b) in wrong.items())
             raise ConfigError(
-                f"the saved data state does not fit this dataset ({detail}); resume "
-                "with the same data, seed, batch size and number of ranks."
+                f"the saved data state does not fit this dataset ({detail}); resume with the "
+                "same data, seed, batch size, shuffle, shuffle_buffer, uneven and drop_last."
             )
-        self._resume = Resume(
-            int(state["epoch"]),
-            int(state["consumed"]),
-            int(state["workers"]),
-            state.get("loader_batch"),
-        )
-        self._pass = Resume()
+        legs = tuple(remainder.Leg.from_dict(leg) for leg in state.get("legs") or ())
+        now = remainder.Leg.from_dict(state, "current leg")
+        epoch = int(state["epoch"])
+        if now.world_size == world:  # the same leg goes on
+            resume = Resume(epoch, now.consumed, now.workers, now.loader_batch)
+        else:  # a new leg: what the saved one read joins the earlier legs
+            legs += (now,) if now.consumed else ()
+            resume = Resume(epoch)
+        left = self._remaining(epoch, legs) if legs else None  # checks the counts first
+        self._resume, self._pass, self._legs, self._left = resume, Resume(), legs, left
 
     # -- counting (by the process that hands the batches out) ------------------------------
     def _begin(self, workers: int, loader_batch: int | None) -> None:
@@ -195,27 +230,61 @@ class StreamingDataset(IterableDataset[Any]):
     def _end(self) -> None:
         """The pass read the epoch to its end: the next one reads the next epoch."""
         self._resume, self._pass = Resume(epoch=self._resume.epoch + 1), Resume()
+        self._legs = ()
+
+    def _remaining(
+        self, epoch: int, legs: tuple[remainder.Leg, ...]
+    ) -> tuple[int, tuple[remainder.Leg, ...], remainder.Runs]:
+        """What ``legs`` of ``epoch`` left, with the epoch and legs it was computed from."""
+        plan = remainder.Plan(
+            rows=self.source.rows,
+            seed=self.seed,
+            epoch=epoch,
+            shuffle=self.shuffle,
+            window=self.shuffle_buffer,
+            batch_size=self.batch_size,
+            drop_last=self.drop_last,
+            uneven=self.uneven,
+        )
+        return epoch, legs, remainder.remaining(plan, legs)
+
+    def _runs(self) -> remainder.Runs:
+        """The epoch positions this epoch's earlier legs left (computed once)."""
+        left = self._left
+        if left is None or left[:2] != (self.epoch, self._legs):
+            left = self._left = self._remaining(self.epoch, self._legs)
+        return left[2]
 
     # -- iteration -------------------------------------------------------------------------
     def stream(self, slot: int, workers: int) -> Stream:
         """The stream that DataLoader worker ``slot`` of ``workers`` reads (``0, 0``: none)."""
-        rank = self.group()[0]
+        rank, world = self.group()
         resume, count = self._resume, max(workers, 1)
         if resume.consumed and resume.workers != workers:
             raise ConfigError(
                 f"the saved data state was read with num_workers={resume.workers}; "
-                f"resume with the same, not {workers}."
+                f"resume with the same, not {workers} (or at another world size, where "
+                "any number of workers resumes)."
             )
-        taken, turn = [0] * count, 0
-        if resume.consumed:
-            per_loader = 1 if self.batch_size is not None else (resume.loader_batch or 1)
-            counts = [-(-n // per_loader) for n in self.worker_items(workers)]
-            taken, turn = order.split_consumed(resume.consumed, counts)
-            taken = [t * per_loader for t in taken]
+        leg, runs = len(self._legs), None
+        if leg:  # resumed at another world size: share what the earlier legs left
+            left = self._runs()
+            share = remainder.share(len(left), world, self.uneven)
+        else:
+            share = self.share()
+        skips, turn = order.resume_plan(
+            share,
+            workers,
+            resume.consumed,
+            batch_size=self.batch_size,
+            drop_last=self.drop_last,
+            loader_batch=resume.loader_batch,
+        )
         logical = (turn + slot) % count
-        lo, hi = order.worker_range(self.share(), count, logical)
-        skip_items = min(taken[logical], self.worker_items(workers)[logical])
-        rows = skip_items * (self.batch_size or 1)
+        lo, hi = order.worker_range(share, count, logical)
+        first, stop = rank * share + lo, rank * share + hi
+        if leg:
+            runs, first, stop = left.take(first, stop), 0, hi - lo
         return Stream(
             source=self.source,
             columns=self.columns,
@@ -224,12 +293,14 @@ class StreamingDataset(IterableDataset[Any]):
             rank=rank,
             worker=logical,
             shuffle=self.shuffle,
-            first=rank * self.share() + lo,
-            stop=rank * self.share() + hi,
+            first=first,
+            stop=stop,
             window=self.shuffle_buffer,
             batch_size=self.batch_size,
             drop_last=self.drop_last,
-            skip=min(rows, hi - lo),
+            skip=skips[logical],
+            runs=runs,
+            leg=leg,
         )
 
     def __iter__(self) -> Iterator[Any]:

@@ -14,12 +14,15 @@ For an epoch:
 5. A DataLoader takes the workers' batches in turn (worker 0, 1, ..., skipping those that are
    done): :func:`resume_plan` inverts that, so a run resumes at the next unseen batch.
 
+A run resumed at another world size reads what the epoch has left in the same way, with the
+remaining positions in place of ``0 .. N-1`` (:mod:`sparktrain.data.remainder`).
+
 Nothing here reads data; the same arguments always give the same answer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,29 +70,42 @@ def worker_range(share: int, workers: int, worker: int) -> tuple[int, int]:
 
 def pieces(order: np.ndarray, unit_rows: Sequence[int], first: int, stop: int) -> list[Piece]:
     """The unit slices holding epoch positions ``first .. stop - 1`` (wrapping past the end)."""
+    return spans(order, unit_rows, ((first, stop),))
+
+
+def spans(
+    order: np.ndarray, unit_rows: Sequence[int], runs: Iterable[tuple[int, int]]
+) -> list[Piece]:
+    """The unit slices holding epoch positions ``first .. stop - 1`` of each of ``runs``."""
     rows = np.asarray(unit_rows, dtype=np.int64)[order]
     ends = np.cumsum(rows)
     total = int(ends[-1])
     out: list[Piece] = []
-    position = first
-    while position < stop:
-        inside = position % total
-        slot = int(np.searchsorted(ends, inside, side="right"))
-        begin = int(ends[slot] - rows[slot])
-        take = min(int(ends[slot]) - inside, stop - position)
-        unit = int(order[slot])
-        if out and out[-1].unit == unit and out[-1].stop == inside - begin:
-            out[-1] = Piece(unit, out[-1].start, inside - begin + take)
-        else:
-            out.append(Piece(unit, inside - begin, inside - begin + take))
-        position += take
+    for first, stop in runs:
+        position = first
+        while position < stop:
+            inside = position % total
+            slot = int(np.searchsorted(ends, inside, side="right"))
+            begin = int(ends[slot] - rows[slot])
+            take = min(int(ends[slot]) - inside, stop - position)
+            unit = int(order[slot])
+            if out and out[-1].unit == unit and out[-1].stop == inside - begin:
+                out[-1] = Piece(unit, out[-1].start, inside - begin + take)
+            else:
+                out.append(Piece(unit, inside - begin, inside - begin + take))
+            position += take
     return out
 
 
 def window_permutation(
-    length: int, *, seed: int, epoch: int, rank: int, worker: int, window: int
+    length: int, *, seed: int, epoch: int, rank: int, worker: int, window: int, leg: int = 0
 ) -> np.ndarray:
-    """The shuffle of one window's ``length`` rows."""
+    """The shuffle of one window's ``length`` rows (``leg``: the epoch's resumptions at a new size).
+
+    The first leg's windows keep the keys they always had, so old checkpoints resume the same.
+    """
+    if leg:
+        return rng(seed, epoch, rank, worker, window, leg).permutation(length)
     return rng(seed, epoch, rank, worker, window).permutation(length)
 
 
@@ -98,6 +114,41 @@ def items(rows: int, batch_size: int | None, drop_last: bool) -> int:
     if batch_size is None:
         return rows
     return rows // batch_size if drop_last else -(-rows // batch_size)
+
+
+def resume_plan(
+    share: int,
+    workers: int,
+    consumed: int,
+    *,
+    batch_size: int | None,
+    drop_last: bool,
+    loader_batch: int | None,
+) -> tuple[list[int], int]:
+    """Rows each worker's stream already gave after ``consumed`` batches, and whose turn is next.
+
+    ``share`` rows are cut into ``max(workers, 1)`` ranges; ``loader_batch`` is the DataLoader's
+    batch size when the dataset yields single rows (``batch_size=None``).
+    """
+    count = max(workers, 1)
+    lengths = [hi - lo for lo, hi in (worker_range(share, count, w) for w in range(count))]
+    made = [items(n, batch_size, drop_last) for n in lengths]
+    if not consumed:
+        return [0] * count, 0
+    per_loader = 1 if batch_size is not None else (loader_batch or 1)
+    taken, turn = split_consumed(consumed, [-(-n // per_loader) for n in made])
+    rows = [min(t * per_loader, n) * (batch_size or 1) for t, n in zip(taken, made, strict=True)]
+    return [min(r, n) for r, n in zip(rows, lengths, strict=True)], turn
+
+
+def leg_batches(
+    share: int, workers: int, batch_size: int | None, drop_last: bool, loader_batch: int | None
+) -> int:
+    """Batches a rank hands out reading its whole ``share`` (a DataLoader's, for single rows)."""
+    count = max(workers, 1)
+    per_loader = 1 if batch_size is not None else (loader_batch or 1)
+    ranges = (worker_range(share, count, w) for w in range(count))
+    return sum(-(-items(hi - lo, batch_size, drop_last) // per_loader) for lo, hi in ranges)
 
 
 def split_consumed(consumed: int, counts: Sequence[int]) -> tuple[list[int], int]:

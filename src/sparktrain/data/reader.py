@@ -7,13 +7,14 @@ starts inside it) and one window of rows as tensors: memory does not grow with t
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from sparktrain.data import order
 from sparktrain.data.columns import pyarrow, to_tensors
+from sparktrain.data.remainder import Runs
 from sparktrain.data.sources import Source, Unit
 
 CHUNK_ROWS = 256  # decoded rows at a time: small enough to stay in the CPU cache
@@ -27,11 +28,15 @@ class Stream:
         source: The row groups.
         columns: The columns to read.
         epoch, seed, rank, worker, shuffle: The order's keys.
-        first, stop: The worker's positions in the epoch's row numbering.
+        first, stop: The worker's positions in the epoch's row numbering; with ``runs``, the
+            entries of ``runs`` it reads (``0 .. len(runs)``).
         window: Rows per shuffle window.
         batch_size: Rows per batch; ``None`` yields single rows.
         drop_last: Drop the worker's last, short batch.
         skip: Rows already consumed (resumption).
+        runs: The epoch positions the worker reads, in order, when the epoch was resumed at
+            another world size (:mod:`sparktrain.data.remainder`); ``None``: ``first .. stop``.
+        leg: Which of the epoch's legs this is (a key of the windows' shuffle).
     """
 
     source: Source
@@ -47,6 +52,8 @@ class Stream:
     batch_size: int | None
     drop_last: bool
     skip: int = 0
+    runs: Runs | None = field(default=None, compare=False)
+    leg: int = 0
 
 
 class _Cursor:
@@ -233,7 +240,10 @@ def windows(stream: Stream) -> Iterator[tuple[dict[str, Any], np.ndarray | None]
     for number in range(start_window, -(-size // stream.window)):
         lo = stream.first + number * stream.window
         hi = min(lo + stream.window, stream.stop)
-        pieces = order.pieces(units, unit_rows, lo, hi)
+        if stream.runs is None:
+            pieces = order.pieces(units, unit_rows, lo, hi)
+        else:  # a slice of what earlier legs of the epoch left
+            pieces = order.spans(units, unit_rows, stream.runs.take(lo, hi).pairs())
         skip = offset if number == start_window else 0
         if not stream.shuffle:  # in order: the decoded chunks themselves, sliced (no copy)
             for chunk in (c for p in pieces for c in cursor.read(p)):
@@ -248,7 +258,7 @@ def windows(stream: Stream) -> Iterator[tuple[dict[str, Any], np.ndarray | None]
         taking = order.window_permutation(
             hi - lo,
             seed=stream.seed, epoch=stream.epoch, rank=stream.rank, worker=stream.worker,
-            window=number,
+            window=number, leg=stream.leg,
         )  # fmt: skip
         yield rows, taking[skip:]
 

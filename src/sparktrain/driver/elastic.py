@@ -30,7 +30,7 @@ from typing import Literal
 
 from sparktrain.driver.backend import Backend, Nodes
 from sparktrain.driver.monitor import Monitor
-from sparktrain.driver.results import Rescale, RunResult
+from sparktrain.driver.results import LOST_NODE, Rescale, RunResult
 from sparktrain.errors import (
     CapacityError,
     ClusterError,
@@ -76,7 +76,6 @@ def run_attempts(
     while True:
         if on_start is not None:
             on_start(current, number)
-        log.started()
         try:
             result = attempt(current, number)
             return dataclasses.replace(result, attempts=number + 1, rescales=log.done())
@@ -89,10 +88,9 @@ def run_attempts(
         except (TrainingFailedError, ClusterError) as error:
             lost = options.elastic and error.cause == "infrastructure"
             if lost and len(log.entries) < options.max_rescales:
-                smaller = fit(
-                    backend, current, plan.world_size, options, name=name, why=_first(error)
-                )
-                log.add("lost", _first(error), current, smaller)
+                why = _loss(error)
+                smaller = fit(backend, current, plan.world_size, options, name=name, why=why)
+                log.add("lost", why, current, smaller)
                 current = smaller
             elif restarts < options.max_restarts:
                 restarts += 1
@@ -176,25 +174,19 @@ class _Rescales:
 
     def __init__(self, monitor: Monitor) -> None:
         self.entries: list[Rescale] = []
-        self._began = 0.0
+        self.monitor = monitor
         monitor.on_resumed = self._resumed
-
-    def started(self) -> None:
-        if self.entries and self.entries[-1].restart_seconds < 0:
-            last = self.entries[-1]
-            took = time.time() - last.at
-            self.entries[-1] = dataclasses.replace(last, restart_seconds=took)
 
     def add(
         self, cause: Literal["lost", "grew"], detail: str, old: LaunchPlan, new: LaunchPlan
     ) -> None:
-        entry = Rescale(cause, detail, old.world_size, new.world_size, time.time(), -1.0)
-        self.entries.append(entry)
-        _say(
-            f"sparktrain: elastic: {'lost ' + detail if cause == 'lost' else 'growing back'}; "
-            f"restarting on {new.describe()} (was {old.world_size} rank(s)) from the latest "
-            "checkpoint"
-        )
+        self.entries.append(Rescale(cause, detail, old.world_size, new.world_size, time.time()))
+        what = f"lost {detail}" if cause == "lost" else "growing back"
+        with self.monitor.around_bar():
+            _say(
+                f"sparktrain: elastic: {what}; restarting on {new.describe()} (was "
+                f"{old.world_size} rank(s)) from the latest checkpoint"
+            )
 
     def _resumed(self, step: int) -> None:
         if not self.entries or self.entries[-1].resumed_step is not None:
@@ -203,10 +195,19 @@ class _Rescales:
         self.entries[-1] = dataclasses.replace(
             last, resumed_step=step, resume_seconds=time.time() - last.at
         )
-        _say(self.entries[-1].describe())
+        with self.monitor.around_bar():
+            _say(f"sparktrain: elastic: {self.entries[-1].resumed()}")
 
     def done(self) -> tuple[Rescale, ...]:
         return tuple(self.entries)
+
+
+def _loss(error: TrainingFailedError | ClusterError) -> str:
+    """What was lost, in a few words: the node and how, or the rank and how it died."""
+    if isinstance(error, TrainingFailedError) and error.culprit is not None:
+        culprit = error.culprit
+        return f"rank {culprit.rank} on {culprit.host} ({culprit.summary()})"
+    return _first(error).removeprefix(LOST_NODE)
 
 
 def _first(error: BaseException) -> str:

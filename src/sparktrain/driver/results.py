@@ -24,6 +24,8 @@ from sparktrain.errors import (
 from sparktrain.node.report import NodeReport
 
 _GROW_BACK = f"{GrowBack.__module__}.{GrowBack.__qualname__}"
+#: How the error of a lost node starts (the nodes' own words follow).
+LOST_NODE = "the run lost a node (the infrastructure failed, not a rank's code): "
 
 
 @dataclass(frozen=True)
@@ -32,12 +34,11 @@ class Rescale:
 
     Attributes:
         cause: ``"lost"`` (capacity was lost) or ``"grew"`` (capacity returned).
-        detail: What was lost (the first line of the error), or what returned.
+        detail: What was lost (which node or rank, and how), or what returned.
         old_world_size: Ranks before.
         new_world_size: Ranks after.
-        at: Wall-clock time (seconds since the epoch) when the driver saw the loss or stopped
-            the ranks to grow.
-        restart_seconds: From ``at`` to the next attempt's nodes started.
+        at: Wall-clock time (seconds since the epoch) when the attempt that lost capacity
+            ended, or when the ranks stopped at a checkpoint to grow.
         resumed_step: The checkpoint step rank 0 resumed from (``None`` if it did not call
             ``sparktrain.checkpoint.load_latest``).
         resume_seconds: From ``at`` to rank 0's resume (``None`` likewise).
@@ -48,25 +49,23 @@ class Rescale:
     old_world_size: int
     new_world_size: int
     at: float
-    restart_seconds: float
     resumed_step: int | None = None
     resume_seconds: float | None = None
 
     def describe(self) -> str:
         """The one line that tells a user what happened."""
-        what = (
-            f"lost {self.detail}" if self.cause == "lost" else f"capacity returned ({self.detail})"
-        )
+        what = f"lost {self.detail}" if self.cause == "lost" else f"grew: {self.detail}"
+        return f"sparktrain: elastic: {what}; {self.resumed()}"
+
+    def resumed(self) -> str:
+        """Where and from which step the run went on."""
         step = (
             f"from checkpoint step {self.resumed_step}"
             if self.resumed_step is not None
             else "with no checkpoint loaded"
         )
-        took = f", {self.resume_seconds:.1f} s after" if self.resume_seconds is not None else ""
-        return (
-            f"sparktrain: elastic: {what}; resumed on {self.new_world_size} rank(s) (was "
-            f"{self.old_world_size}) {step}{took}"
-        )
+        took = f", {self.resume_seconds:.1f} s later" if self.resume_seconds is not None else ""
+        return f"resumed on {self.new_world_size} rank(s) (was {self.old_world_size}) {step}{took}"
 
 
 @dataclass(frozen=True)
@@ -138,10 +137,7 @@ def finish(
         raise ConfigError("the ranks were not started: " + "; ".join(setup))
     agents = [report.agent_error for report in reports if report.agent_error]
     if agents:
-        raise ClusterError(
-            "the run lost a node (the infrastructure failed, not a rank's code): "
-            + "; ".join(agents)
-        )
+        raise ClusterError(LOST_NODE + "; ".join(agents))
     if stopped:
         return RunResult(_values(reports), world_size, duration, tuple(reports), stopped=True)
     failures = {r: f for report in reports for r, f in report.failures.items()}

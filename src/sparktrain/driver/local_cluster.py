@@ -1,0 +1,242 @@
+"""A cluster of several nodes on this machine, each node its own process group: lose one at will.
+
+``LocalCluster(nodes=2, procs_per_node=1)`` is a :class:`~sparktrain.driver.backend.Backend`:
+pass it as ``backend=`` to ``launch`` (or a front door). Each node of an attempt is a separate
+``python -m sparktrain.node.local_node`` process in a session of its own, running the same node
+code as a Spark task or a Ray actor (a fork server, the agent, the authenticated channel to this
+driver on loopback). :meth:`LocalCluster.kill_node` SIGKILLs a node's whole process group, the
+way a preempted machine disappears, and marks it down, so that the capacity an elastic run sees
+shrinks; :meth:`LocalCluster.add_node` brings one back. Tests and ``benchmarks/elastic.py`` use it
+to lose and regain a "node" without a cluster manager.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from typing import ClassVar
+
+import cloudpickle
+
+from sparktrain.driver.backend import Attempt, Backend, Nodes, Polled
+from sparktrain.driver.remote import RemoteNodes
+from sparktrain.errors import ClusterConfigError, ConfigError
+from sparktrain.launchplan.layout import LaunchPlan, check_count, check_use_gpu
+from sparktrain.launchplan.topology import detect_local
+from sparktrain.node.report import NodeReport
+from sparktrain.node.runner import bind_rendezvous
+from sparktrain.node.spec import Place
+
+LOOPBACK = "127.0.0.1"
+
+
+class LocalCluster(Backend):
+    """``nodes`` nodes of ``procs_per_node`` CPU ranks each, every node a process of its own."""
+
+    name: ClassVar[str] = "local-cluster"
+
+    def __init__(self, nodes: int = 2, procs_per_node: int = 1) -> None:
+        """Make a cluster of ``nodes`` nodes (all up) of ``procs_per_node`` ranks each."""
+        check_count("nodes", nodes)
+        self.procs_per_node = check_count("procs_per_node", procs_per_node)
+        self._up = [True] * nodes
+        self._lock = threading.Lock()
+        self._running: dict[int, subprocess.Popen[bytes]] = {}
+
+    # -- the cluster ----------------------------------------------------------------------------
+    @property
+    def nodes_up(self) -> list[int]:
+        """The indices of the nodes that are up."""
+        with self._lock:
+            return [slot for slot, up in enumerate(self._up) if up]
+
+    def kill_node(self, node: int) -> int | None:
+        """Lose node ``node``: SIGKILL its process group (agent, fork server, ranks), mark it down.
+
+        Returns:
+            The PID of the node process killed, or ``None`` when none ran there.
+        """
+        with self._lock:
+            if not 0 <= node < len(self._up):
+                raise ConfigError(
+                    f"node={node} is not a node of this cluster (0..{len(self._up) - 1})."
+                )
+            self._up[node] = False
+            process = self._running.get(node)
+        if process is None or process.poll() is not None:
+            return None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        return process.pid
+
+    def add_node(self) -> int:
+        """Bring a node (back) up: the first one down, else a new one; its index."""
+        with self._lock:
+            for slot, up in enumerate(self._up):
+                if not up:
+                    self._up[slot] = True
+                    return slot
+            self._up.append(True)
+            return len(self._up) - 1
+
+    def node_pids(self) -> dict[int, int]:
+        """The PID of each node process running now, by node index."""
+        with self._lock:
+            return {n: p.pid for n, p in self._running.items() if p.poll() is None}
+
+    def _claim(self, count: int) -> list[int]:
+        up = self.nodes_up
+        if len(up) < count:
+            raise ClusterConfigError(
+                f"the local cluster has {len(up)} node(s) up, fewer than the {count} the run "
+                "needs; add_node() brings one back."
+            )
+        return up[:count]
+
+    # -- the backend ----------------------------------------------------------------------------
+    def layout(self, num_processes: object, *, use_gpu: object, name: str) -> LaunchPlan:
+        """``num_processes / procs_per_node`` nodes of the ones up; CPU ranks (gloo)."""
+        world = check_count(name, num_processes)
+        check_use_gpu(use_gpu)
+        if use_gpu:
+            raise ClusterConfigError(
+                "a LocalCluster runs CPU ranks only; pass use_gpu=False (or None)."
+            )
+        per = self.procs_per_node
+        if world % per:
+            raise ConfigError(
+                f"{name}={world} is not a multiple of procs_per_node={per}: every node of a "
+                f"LocalCluster runs {per} rank(s). Pass a multiple of {per}."
+            )
+        up = len(self.nodes_up)
+        if world // per > up:
+            raise ClusterConfigError(
+                f"{name}={world} needs {world // per} node(s) of {per} rank(s), but the local "
+                f"cluster has {up} node(s) up. Lower {name}, or add_node()."
+            )
+        return LaunchPlan(
+            world_size=world,
+            nodes=world // per,
+            procs_per_node=per,
+            device="cpu",
+            dist_backend="gloo",
+            gpus=(),
+            threads_per_rank=max(1, detect_local(gpus=False).cpus // world),
+        )
+
+    def capacity(self, plan: LaunchPlan) -> int:
+        """The ranks the nodes up can run."""
+        return len(self.nodes_up) * self.procs_per_node
+
+    def start(self, attempt: Attempt) -> Nodes:
+        """Start one node process per node of the attempt, on the first nodes up."""
+        return LocalClusterNodes(self, attempt)
+
+
+class LocalClusterNodes(RemoteNodes):
+    """The node processes of one attempt on a :class:`LocalCluster`."""
+
+    def __init__(self, cluster: LocalCluster, attempt: Attempt) -> None:
+        """Open the channel, then start every node's process (node 0 gets the store's socket)."""
+        super().__init__(attempt, LOOPBACK)
+        self.cluster = cluster
+        self.plan = attempt.plan
+        self.folder = tempfile.mkdtemp(prefix="sparktrain-cluster-")
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.reports: dict[int, NodeReport] = {}
+        self.slots: list[int] = []
+        self.killed: set[int] = set()
+        try:
+            self.slots = cluster._claim(self.plan.nodes)
+            listener = bind_rendezvous(LOOPBACK)
+            try:
+                master = listener.getsockname()[:2]
+                for node, slot in enumerate(self.slots):
+                    self._spawn(node, slot, master, listener if node == 0 else None)
+            finally:
+                listener.close()  # node 0 holds its own copy
+        except BaseException:
+            self.close()
+            raise
+
+    def _spawn(self, node: int, slot: int, master: tuple[str, int], listener: object) -> None:
+        place = Place(node, f"node{slot}", master, ())
+        job = os.path.join(self.folder, f"node-{node}.job")
+        with open(job, "wb") as handle:
+            cloudpickle.dump((self.spec, place), handle)
+        command = [sys.executable, "-m", "sparktrain.node.local_node", job, self._report(node)]
+        fds: tuple[int, ...] = ()
+        if listener is not None:
+            fd = listener.fileno()  # type: ignore[attr-defined]
+            command.append(str(fd))
+            fds = (fd,)
+        environ = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        process = subprocess.Popen(command, pass_fds=fds, env=environ, start_new_session=True)
+        self.procs[node] = process
+        with self.cluster._lock:
+            self.cluster._running[slot] = process
+
+    def _report(self, node: int) -> str:
+        return os.path.join(self.folder, f"node-{node}.report")
+
+    def poll(self, wait: float) -> Polled:
+        """Show what the nodes sent; collect the reports of the node processes that ended."""
+        failed = self.pump(wait)
+        for node, process in self.procs.items():
+            if node in self.reports or process.poll() is None:
+                continue
+            self.reports[node] = self._ended(node, process.returncode)
+            failed = failed or self.reports[node].agent_error is not None
+        if len(self.reports) < len(self.procs):
+            return Polled(failed=failed)
+        self.drain(
+            sum(1 for n, r in self.reports.items() if not r.agent_error and n not in self.killed)
+        )
+        return Polled(failed=failed, reports=[self.reports[n] for n in sorted(self.reports)])
+
+    def _ended(self, node: int, code: int) -> NodeReport:
+        host = f"node{self.slots[node]}"
+        if node in self.killed:
+            return NodeReport.killed(node, host, self.spec.ranks_of(node))
+        try:
+            with open(self._report(node), "rb") as handle:
+                report: NodeReport = cloudpickle.load(handle)
+            return report
+        except OSError:
+            how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+            return NodeReport.broken(
+                node, host, f"its process ended ({how}) without a report: the node was lost"
+            )
+
+    def cancel(self, *, force: bool) -> None:
+        """Tell every node to stop its ranks; or kill the node processes still running."""
+        if not force:
+            self.stop_nodes()
+            return
+        for node, process in self.procs.items():
+            if process.poll() is None:
+                self.killed.add(node)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+
+    def close(self) -> None:
+        """Kill what still runs, reap every node process, forget them, close the channel."""
+        for process in self.procs.values():
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(10)
+        with self.cluster._lock:
+            for slot in self.slots:
+                running = self.cluster._running.get(slot)
+                if running is not None and running in self.procs.values():
+                    del self.cluster._running[slot]
+        shutil.rmtree(self.folder, ignore_errors=True)
+        super().close()

@@ -1,0 +1,201 @@
+"""Elastic runs on a LocalCluster: every node its own process group, killed with SIGKILL.
+
+A real 2-node run trains a DDP model on streamed Parquet rows with a checkpoint every few steps.
+Mid-epoch, node 1 is killed (agent, fork server and rank at once). The run goes on with one rank
+from the latest checkpoint; a node is then added and the next checkpoint brings the run back to
+two ranks. Each rank logs the ids it trained on by step, so the test can check that the epoch's
+rows were trained on exactly once, counting each attempt's steps only up to the checkpoint the
+next attempt resumed from (what came after was lost work, read again).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import sparktrain
+from conftest import wait_gone
+from sparktrain import CapacityError, LocalCluster, TrainingFailedError, checkpoint, launch
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+ROWS = 240
+BATCH = 4
+EVERY = 5  # steps between checkpoints
+
+
+def write_rows(folder: Path) -> str:
+    folder.mkdir()
+    ids = np.arange(ROWS, dtype=np.int64)
+    table = pa.table({"id": ids, "x": np.random.default_rng(0).random(ROWS, dtype=np.float32)})
+    pq.write_table(table, folder / "part-0.parquet", row_group_size=37)
+    return str(folder)
+
+
+def elastic_train(data_dir: str, ckpt_dir: str, log_dir: str, step_seconds: float) -> dict:
+    """One epoch of DDP on the ids; checkpoints hold the model, optimizer and data state."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from sparktrain.data import from_parquet
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    net = nn.Linear(1, 1)
+    model = DDP(net)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = from_parquet(data_dir, batch_size=BATCH, seed=3)
+    step = 0
+    seen: list[tuple[int, int]] = []
+
+    def rescaled(old: int, new: int) -> None:
+        seen.append((old, new))
+
+    latest = checkpoint.load_latest(ckpt_dir, on_rescale=rescaled)
+    if latest is not None:
+        net.load_state_dict(latest.state["model"])
+        optimizer.load_state_dict(latest.state["optimizer"])
+        data.load_state_dict(latest.state["data"])
+        step = latest.step
+    accumulate = sparktrain.elastic.accumulation()
+    log = Path(log_dir, f"attempt{sparktrain.restart_count()}-rank{rank}.txt")
+    with log.open("a") as out:
+        for batch in data:
+            step += 1
+            loss = (model(batch["x"][:, None]) ** 2).mean() / accumulate
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            out.write(f"{step} {' '.join(str(int(i)) for i in batch['id'])}\n")
+            out.flush()
+            sparktrain.report(step=step, world=world)
+            time.sleep(step_seconds)
+            if step % EVERY == 0:
+                state = {
+                    "model": net.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "data": data.state_dict(),
+                }
+                checkpoint.save(state, ckpt_dir, step=step)
+    dist.destroy_process_group()
+    return {"world": world, "accumulate": accumulate, "rescaled": seen, "step": step}
+
+
+def committed_ids(log_dir: Path, result: Any) -> list[int]:
+    """The ids trained on, each attempt counted up to the step the next one resumed from."""
+    resumed = [r.resumed_step for r in result.rescales]
+    ids: list[int] = []
+    for attempt in range(result.attempts):
+        upto = resumed[attempt] if attempt < len(resumed) else None
+        for path in sorted(log_dir.glob(f"attempt{attempt}-rank*.txt")):
+            for line in path.read_text().splitlines():
+                step, *rest = line.split()
+                if upto is None or int(step) <= upto:
+                    ids += [int(i) for i in rest]
+    return ids
+
+
+def test_a_lost_node_shrinks_the_run_and_a_returned_one_grows_it(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    data_dir = write_rows(tmp_path / "data")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    cluster = LocalCluster(nodes=2)
+    events: list[str] = []
+
+    def on_report(rank: int, record: dict[str, Any]) -> None:
+        metrics = record.get("metrics") or {}
+        step, world = record.get("step"), metrics.get("world")
+        if rank == 0 and world == 2 and step == 8 and "killed" not in events:
+            events.append("killed")
+            assert cluster.kill_node(1) is not None  # mid-epoch, 3 steps after a checkpoint
+        elif rank == 0 and world == 1 and step == 17 and "added" not in events:
+            events.append("added")
+            cluster.add_node()
+
+    result = launch(
+        elastic_train,
+        (data_dir, str(tmp_path / "ckpt"), str(logs), 0.15),
+        num_processes=2,
+        backend=cluster,
+        min_processes=1,
+        on_report=on_report,
+        progress=False,
+    )
+    assert events == ["killed", "added"]
+    assert [(r.cause, r.old_world_size, r.new_world_size) for r in result.rescales] == [
+        ("lost", 2, 1),
+        ("grew", 1, 2),
+    ]
+    lost, grew = result.rescales
+    assert "node 1" in lost.detail and lost.resumed_step == 5
+    assert grew.resumed_step is not None and grew.resumed_step % EVERY == 0
+    assert grew.resumed_step > 17
+    assert result.world_size == 2 and result.value["world"] == 2
+    assert result.value["rescaled"] == [(1, 2)]  # on_rescale(old, new) in the grown attempt
+    ids = committed_ids(logs, result)
+    assert sorted(ids) == list(range(ROWS))  # the epoch's rows exactly once
+    err = capfd.readouterr().err
+    assert "sparktrain: elastic: lost" in err and "resumed on 1 rank(s) (was 2)" in err
+    assert "from checkpoint step 5" in err
+    assert cluster.node_pids() == {}
+
+
+def raises_on_rank_1() -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        raise ValueError("a bug in the training code")
+    dist.barrier()
+
+
+def test_a_python_exception_is_not_retried_elastically() -> None:
+    with pytest.raises(TrainingFailedError) as caught:
+        launch(raises_on_rank_1, num_processes=2, backend=LocalCluster(2), min_processes=1)
+    error = caught.value
+    assert error.cause == "training code" and error.attempts == 1
+    assert "ValueError: a bug in the training code" in str(error)
+    assert "cause: training code" in str(error)
+
+
+def sleeps_then_returns(folder: str) -> int:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    Path(folder, f"{dist.get_rank()}.pid").write_text(str(os.getpid()))
+    time.sleep(30)
+    return dist.get_world_size()
+
+
+def test_below_the_floor_is_an_error_not_a_wait(tmp_path: Path) -> None:
+    cluster = LocalCluster(nodes=2)
+
+    def killer() -> None:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("*.pid"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        cluster.kill_node(0)
+
+    threading.Thread(target=killer, daemon=True).start()
+    with pytest.raises(CapacityError) as caught:
+        launch(sleeps_then_returns, (str(tmp_path),), num_processes=2, backend=cluster,
+               min_processes=2)  # fmt: skip
+    text = str(caught.value)
+    assert "1 rank(s) can run now" in text and "min_processes=2" in text
+    assert "1 more rank(s) of capacity are missing" in text
+    assert "node 0" in text  # what was lost
+    ranks = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
+    assert wait_gone(ranks) == []  # the survivor was stopped, not left sleeping
+    assert cluster.node_pids() == {}

@@ -26,7 +26,11 @@ DRAIN_SECONDS = 5.0
 
 
 class Printer:
-    """Handles the nodes' messages on the driver: prints lines, notes hosts, failures, byes."""
+    """Handles the nodes' messages on the driver: prints lines, notes hosts, failures, byes.
+
+    A node whose connection ended without a bye is noted in :attr:`lost`: its process, or its
+    machine, went away (a killed executor, a node gone).
+    """
 
     def __init__(self, log_ranks: frozenset[int] | None, monitor: Monitor) -> None:
         """Print the lines of ``log_ranks`` (``None``: all); give reports to ``monitor``."""
@@ -34,6 +38,7 @@ class Printer:
         self.hosts: dict[int, str] = {}
         self.byes = 0
         self.first_failure: dict[str, Any] | None = None
+        self.lost: list[str] = []
 
     def handle(self, message: dict[str, Any]) -> bool:
         """Act on one message; ``True`` when it reports a rank that failed."""
@@ -48,6 +53,9 @@ class Printer:
             self.hosts.update({rank: message["host"] for rank in message["ranks"]})
         elif kind == "bye":
             self.byes += 1
+        elif kind == "lost":
+            self.lost.append(f"node {message['node']} on {message['host']}")
+            return True
         failed = bool(kind == "exit" and message["code"] != 0)
         if failed and self.first_failure is None:
             self.first_failure = message

@@ -207,6 +207,18 @@ class SparkBackend(Backend):
             num_processes, facts=facts, use_gpu=use_gpu, name=name, gpus=self.front.gpus
         )
 
+    def capacity(self, plan: LaunchPlan) -> int:
+        """The ranks the executors registered now can run at once (Spark Connect: ``plan``'s).
+
+        The slots of the default resource profile (cores, or GPUs, over the task's share),
+        counted without waiting: an elastic run never waits for lost executors.
+        """
+        if is_connect(self.session):  # the server's scheduler cannot be asked
+            return plan.world_size
+        jsc = self.session.sparkContext._jsc.sc()
+        profile = jsc.resourceProfileManager().defaultResourceProfile()
+        return int(jsc.maxNumConcurrentTasks(profile)) * plan.procs_per_node
+
     def start(self, attempt: Attempt) -> Nodes:
         """Refuse a TLS cluster without the override, then submit the barrier job."""
         check_encryption(self.session, self.front)
@@ -223,15 +235,24 @@ class SparkNodes(RemoteNodes):
             plan = attempt.plan
             frame = session.range(0, plan.nodes, 1, plan.nodes)
             self.job = _Job(session, frame, self.spec)
+            self.cancelled = False
             self.job.thread.start()
         except BaseException:
             self.channel.close()
             raise
 
     def poll(self, wait: float) -> Polled:
-        """Show what the nodes sent; once the job has ended, its nodes' reports (or its error)."""
+        """Show what the nodes sent; once the job has ended, its nodes' reports (or its error).
+
+        A node lost (its executor gone) cancels the job at once: Spark would otherwise resubmit
+        the barrier stage and wait for slots that may never return.
+        """
         if self.job.thread.is_alive():
             failed = self.pump(wait)
+            if self.printer.lost and not self.cancelled:
+                self.cancelled = True
+                self.stop_nodes()
+                self.job.cancel()
             if self.job.thread.is_alive():
                 return Polled(failed=failed)
         if self.job.error is not None:
@@ -239,6 +260,11 @@ class SparkNodes(RemoteNodes):
             first = (
                 f" (rank {seen['rank']} had exited with code {seen['code']} first)" if seen else ""
             )
+            if self.printer.lost:
+                raise ClusterError(
+                    f"{', '.join(self.printer.lost)} (its executor went away; Spark: "
+                    f"{summarise_job_error(self.job.error)}). Its ranks were stopped."
+                ) from self.job.error
             raise ClusterError(
                 f"the Spark barrier job failed: {summarise_job_error(self.job.error)}{first}. "
                 "Its ranks were stopped; the executors' logs have the details."

@@ -164,9 +164,15 @@ class ChannelServer:
         if late:  # it connected after the stop went out: it must hear it too
             with contextlib.suppress(OSError):
                 framed.send({"op": "stop"})
+        hello: dict[str, Any] | None = None
+        said_bye = False
         try:
             while True:
-                self.messages.put(framed.receive())
+                message = framed.receive()
+                kind = message.get("kind")
+                hello = message if kind == "hello" else hello
+                said_bye = said_bye or kind == "bye"
+                self.messages.put(message)
         except (ChannelError, OSError, EOFError, pickle.UnpicklingError) as exc:
             if isinstance(exc, ChannelError) and not self._closed:
                 log.warning("sparktrain dropped a connection from %s: %s", peer, exc)
@@ -175,6 +181,9 @@ class ChannelServer:
                 if framed in self._peers:
                     self._peers.remove(framed)
             sock.close()
+            if hello is not None and not said_bye and not self._closed:
+                # The node went away without saying bye: its process (or machine) is gone.
+                self.messages.put({"kind": "lost", "node": hello["node"], "host": hello["host"]})
 
     def broadcast(self, message: dict[str, Any]) -> None:
         """Send ``message`` to every connected agent (ignores agents that are gone)."""

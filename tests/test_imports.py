@@ -18,6 +18,7 @@ def test_import_pulls_in_nothing_heavy() -> None:
 
 def test_public_names() -> None:
     assert sorted(sparktrain.__all__) == [
+        "CapacityError",
         "ClusterConfigError",
         "ClusterError",
         "ConfigError",
@@ -25,8 +26,10 @@ def test_public_names() -> None:
         "HangError",
         "HorovodRunner",
         "LaunchPlan",
+        "LocalCluster",
         "MirroredStrategyRunner",
         "RankFailure",
+        "Rescale",
         "RunOptions",
         "RunResult",
         "SparkJobError",
@@ -38,6 +41,7 @@ def test_public_names() -> None:
         "checkpoint",
         "deepspeed_config",
         "distributed",
+        "elastic",
         "forward_backward",
         "full_state_dict",
         "launch",

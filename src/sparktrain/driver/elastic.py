@@ -44,6 +44,10 @@ from sparktrain.launchplan.options import RunOptions
 
 #: While an elastic run is short of its full size: how often the driver looks at the capacity.
 GROW_CHECK_SECONDS = 2.0
+#: After a loss: the pause between two reads of the capacity that must agree, and the longest
+#: the reads go on before the last one is taken as it is.
+SETTLE_STEP = 0.5
+SETTLE_SECONDS = 10.0
 
 
 Attempt = Callable[[LaunchPlan, int], RunResult]
@@ -126,7 +130,7 @@ def fit(
             missing.
     """
     floor = options.min_processes or target
-    capacity = min(backend.capacity(current), target)
+    capacity = min(settled_capacity(backend, current, floor), target)
     use_gpu = current.device == "cuda"
     for size in range(capacity, floor - 1, -1):
         try:
@@ -139,6 +143,24 @@ def fit(
         f"is {target}); {floor - max(capacity, 0)} more rank(s) of capacity are missing. Add "
         "nodes or executors, or lower min_processes."
     )
+
+
+def settled_capacity(backend: Backend, plan: LaunchPlan, floor: int) -> int:
+    """The backend's capacity, once it has settled after a loss (never longer than a moment).
+
+    Two reads :data:`SETTLE_STEP` apart must agree on at least ``floor`` ranks; after
+    :data:`SETTLE_SECONDS` the last read stands. Just after a loss, a cluster's view lags: Ray
+    frees the lost attempt's resources a moment after its placement group is removed, and Spark
+    drops a lost executor's slots when it notices.
+    """
+    deadline = time.monotonic() + SETTLE_SECONDS
+    last = backend.capacity(plan)
+    while True:
+        time.sleep(SETTLE_STEP)
+        now = backend.capacity(plan)
+        if (now == last and now >= floor) or time.monotonic() > deadline:
+            return now
+        last = now
 
 
 def watch_capacity(

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -134,25 +135,42 @@ class RayBackend(Backend):
     def __init__(self, *, address: str | None = None) -> None:
         """Join the Ray this process uses, else ``ray.init(address=address)``."""
         self.ray = connect(address)
+        self._lock = threading.Lock()
+        #: The resources each running attempt's placement group holds (for :meth:`capacity`).
+        self._held: dict[int, dict[str, float]] = {}
 
     def layout(self, num_processes: object, *, use_gpu: object, name: str) -> LaunchPlan:
         """The fewest nodes that hold the ranks, as many on each, from the nodes alive now."""
         return make_ray_plan(num_processes, cluster_nodes(self.ray), use_gpu=use_gpu, name=name)
 
+    def capacity(self, plan: LaunchPlan) -> int:
+        """The ranks the cluster can hold now: its free CPUs (GPUs), plus those our runs hold.
+
+        One rank per CPU (per GPU on GPU runs), as the layout counts them. Read from the free
+        resources, which drop a lost node's at once; ``ray.nodes()`` still lists such a node as
+        alive until its health checks have failed.
+        """
+        kind = "GPU" if plan.device == "cuda" else "CPU"
+        free = float(self.ray.available_resources().get(kind, 0))
+        with self._lock:
+            held = sum(bundle.get(kind, 0.0) for bundle in self._held.values())
+        return int(free + held)
+
     def start(self, attempt: Attempt) -> Nodes:
         """Place the actors, then start every node's ranks."""
-        return RayNodes(self.ray, attempt)
+        return RayNodes(self.ray, attempt, self)
 
 
 class RayNodes(RemoteNodes):
     """The actors of one attempt, their placement group and the reports they returned."""
 
-    def __init__(self, ray: Any, attempt: Attempt) -> None:
+    def __init__(self, ray: Any, attempt: Attempt, backend: RayBackend | None = None) -> None:
         """Open the channel, place one actor per node and start each node's ranks."""
         from ray.util.placement_group import placement_group
 
         super().__init__(attempt, ray.util.get_node_ip_address())
         self.ray = ray
+        self.backend = backend
         self.plan = attempt.plan
         self.actors: list[Any] = []
         self.pending: dict[Any, int] = {}
@@ -172,6 +190,11 @@ class RayNodes(RemoteNodes):
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         ready, _ = self.ray.wait([self.group.ready()], timeout=PLACEMENT_SECONDS)
+        if ready and self.backend is not None:
+            bundles, _ = placement(self.plan)
+            held = {k: sum(b.get(k, 0.0) for b in bundles) for k in ("CPU", "GPU")}
+            with self.backend._lock:
+                self.backend._held[id(self)] = held
         if not ready:
             bundles, strategy = placement(self.plan)
             raise ConfigError(
@@ -245,4 +268,7 @@ class RayNodes(RemoteNodes):
                 self.ray.kill(actor, no_restart=True)
         with contextlib.suppress(Exception):
             remove_placement_group(self.group)
+        if self.backend is not None:
+            with self.backend._lock:
+                self.backend._held.pop(id(self), None)
         super().close()

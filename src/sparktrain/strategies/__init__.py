@@ -20,6 +20,7 @@ from sparktrain.strategies.prepare import (
     prepare_model,
     prepare_optimizer,
 )
+from sparktrain.strategies.reshard import load_sharded_state, sharded_state, to_universal
 from sparktrain.strategies.zero import deepspeed_config
 
 __all__ = [
@@ -30,8 +31,11 @@ __all__ = [
     "forward_backward",
     "full_state_dict",
     "held_bytes",
+    "load_sharded_state",
     "plain_module",
     "prepare_data_loader",
     "prepare_model",
     "prepare_optimizer",
+    "sharded_state",
+    "to_universal",
 ]

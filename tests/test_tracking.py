@@ -150,3 +150,32 @@ def test_nested_under_the_callers_active_run(
     runs = mlflow.tracking.MlflowClient(uri).search_runs(["0"])
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert len(children) == 1 and children[0].data.params["world_size"] == "2"
+
+
+def test_an_elastic_run_is_one_run_with_its_world_sizes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from test_elastic import elastic_train, write_rows
+
+    monkeypatch.chdir(tmp_path)
+    cluster = sparktrain.LocalCluster(nodes=2)
+
+    def lose_node_1(rank: int, record: dict) -> None:
+        if rank == 0 and record.get("step") == 7 and (record.get("metrics") or {})["world"] == 2:
+            cluster.kill_node(1)
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    args = (write_rows(tmp_path / "data", rows=80), str(tmp_path / "ckpt"), str(logs), 0.1)
+    result = launch(
+        elastic_train, args, num_processes=2, backend=cluster, min_processes=1, mlflow=True,
+        on_report=lose_node_1,
+    )  # fmt: skip
+    assert [(r.old_world_size, r.new_world_size) for r in result.rescales] == [(2, 1)]
+    client = mlflow.tracking.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run = _only_run(client)  # one run across the rescale
+    assert run.info.status == "FINISHED" and run.data.tags["sparktrain.rescales"] == "1"
+    sizes = client.get_metric_history(run.info.run_id, "world_size")
+    assert sorted((m.step, m.value) for m in sizes) == [(0, 2.0), (1, 1.0)]
+    text = mlflow.artifacts.load_text(f"{run.info.artifact_uri}/sparktrain/rescales.txt")
+    assert "lost node 1" in text and "resumed on 1 rank(s) (was 2) from checkpoint step 5" in text

@@ -1,0 +1,598 @@
+"""Elastic recovery benchmark: a node lost mid-epoch, sparktrain against torchrun's elastic agent.
+
+Both sides run the same training loop (:func:`train`): DDP on an ``nn.Linear`` over gloo, one
+epoch of a Parquet dataset of ids streamed with ``sparktrain.data.from_parquet``, a
+``sparktrain.checkpoint`` every ``EVERY`` steps holding the model, the optimizer and the data
+state, and ``checkpoint.load_latest`` at the start of every attempt. Each rank logs
+``step, time.time(), world size, ids`` per step. Two nodes of one rank each; at step
+``KILL_STEP`` (between two checkpoints) the second node is killed with SIGKILL, agent and rank
+at once, and the run finishes on one rank. The data's exactly-once resumption is the same code
+on both sides, so what differs is the recovery machinery:
+
+* sparktrain: ``launch(train, ..., num_processes=2, min_processes=1, grow_back=False,
+  backend=LocalCluster(nodes=2))``; ``cluster.kill_node(1)`` from ``on_report``;
+* torchrun: two agents, ``python -m torch.distributed.run --nnodes=1:2 --nproc-per-node=1
+  --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:PORT --max-restarts=3`` running this file with
+  ``--worker``, each agent in a session of its own; the first one started hosts the c10d store,
+  the other one is killed (its process group and its worker's, which torchrun starts in a
+  session of its own). torchrun's default rendezvous timeouts, printed with the table.
+
+Measured from the per-rank step logs, for each side:
+
+* recovery: from the kill to the first step completed on the smaller world (wall clock);
+* work lost: steps done after the checkpoint the next attempt resumed from (done twice);
+* duplicated and lost samples: the ids committed (each attempt counted up to the step the next
+  one resumed from) against the dataset's.
+
+    python benchmarks/elastic.py               # 3 runs a side, about 4 minutes on 2 cores
+    python benchmarks/elastic.py --repeat 1    # one run a side
+
+Every run has a wall-clock limit (``--limit``); whatever a run started is killed at its end, and
+the leftover check looks for this benchmark's processes. ``--worker`` and ``--child`` are
+internal: the script runs itself in those modes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import inspect
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from _common import (
+    BENCH_TAG_VAR,
+    fmt,
+    leftover_processes,
+    load_average,
+    log,
+    ratio,
+    stop_strays,
+    version_of,
+)
+
+ROWS = 160  # the epoch: 20 steps on 2 ranks, or 5 steps on 2 then 30 on 1 after the kill
+BATCH = 4
+EVERY = 5  # steps between checkpoints
+KILL_STEP = 8  # 3 steps after the checkpoint of step 5
+STEP_SECONDS = 0.1
+TARGET_RATIO = 3.0
+
+
+# --------------------------------------------------------------------------------------------
+# The training loop, the same on both sides
+# --------------------------------------------------------------------------------------------
+
+
+def train(data_dir: str, ckpt_dir: str, log_dir: str, step_seconds: float) -> int:
+    """One epoch of DDP on the ids, resumed from the latest checkpoint; returns the last step.
+
+    Runs under sparktrain's launcher and under torchrun alike: rank, world size and the restart
+    count come from the torch contract (``RANK``, ``WORLD_SIZE``, ``TORCHELASTIC_RESTART_COUNT``).
+    """
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import sparktrain
+    from sparktrain import checkpoint
+    from sparktrain.data import from_parquet
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    net = nn.Linear(1, 1)
+    model = DDP(net)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = from_parquet(data_dir, batch_size=BATCH, seed=3)
+    step = 0
+    latest = checkpoint.load_latest(ckpt_dir)
+    if latest is not None:
+        net.load_state_dict(latest.state["model"])
+        optimizer.load_state_dict(latest.state["optimizer"])
+        data.load_state_dict(latest.state["data"])
+        step = latest.step
+    attempt = sparktrain.restart_count()
+    path = Path(log_dir, f"attempt{attempt}-rank{rank}-{os.getpid()}.txt")
+    with path.open("a") as out:
+        out.write(f"resume {step}\n")
+        out.flush()
+        for batch in data:
+            step += 1
+            loss = (model(batch["x"][:, None]) ** 2).mean()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            ids = " ".join(str(int(i)) for i in batch["id"])
+            out.write(f"{step} {time.time():.6f} {world} {ids}\n")
+            out.flush()
+            sparktrain.report(step=step, world=world)
+            time.sleep(step_seconds)
+            if step % EVERY == 0:
+                state = {
+                    "model": net.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "data": data.state_dict(),
+                }
+                checkpoint.save(state, ckpt_dir, step=step)
+    dist.destroy_process_group()
+    return step
+
+
+def write_rows(folder: Path) -> str:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True)
+    ids = np.arange(ROWS, dtype=np.int64)
+    table = pa.table({"id": ids, "x": np.random.default_rng(0).random(ROWS, dtype=np.float32)})
+    pq.write_table(table, folder / "part-0.parquet", row_group_size=37)
+    return str(folder)
+
+
+# --------------------------------------------------------------------------------------------
+# What the logs say
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Trial:
+    """One run of one side: what the step logs say about the node's loss."""
+
+    recovery_s: float | None = None
+    work_lost: int | None = None
+    duplicated: int | None = None
+    missing: int | None = None
+    attempts: int = 0
+    resumed: list[int] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    extra: str = ""
+
+
+@dataclass
+class Attempt:
+    resumed: int = 0
+    steps: list[tuple[int, float, int, list[int]]] = field(default_factory=list)
+
+
+def read_logs(log_dir: Path) -> dict[int, Attempt]:
+    attempts: dict[int, Attempt] = {}
+    for path in sorted(log_dir.glob("attempt*-rank*-*.txt")):
+        number = int(path.name.split("-")[0].removeprefix("attempt"))
+        attempt = attempts.setdefault(number, Attempt())
+        for line in path.read_text().splitlines():
+            head, *rest = line.split()
+            if head == "resume":
+                attempt.resumed = int(rest[0])
+            elif len(rest) >= 2:
+                ids = [int(i) for i in rest[2:]]
+                attempt.steps.append((int(head), float(rest[0]), int(rest[1]), ids))
+    return attempts
+
+
+def analyse(log_dir: Path, killed_at: float | None, trial: Trial) -> Trial:
+    """Fill ``trial`` from the step logs of a run whose node was killed at ``killed_at``."""
+    attempts = read_logs(log_dir)
+    order = sorted(attempts)
+    trial.attempts = len(order)
+    trial.resumed = [attempts[a].resumed for a in order]
+    if order != list(range(len(order))):
+        trial.problems.append(f"attempts logged: {order}")
+    ids: list[int] = []
+    lost = 0
+    for index, number in enumerate(order):
+        attempt = attempts[number]
+        upto = attempts[order[index + 1]].resumed if index + 1 < len(order) else None
+        if upto is not None and attempt.steps:
+            lost += max(s for s, _, _, _ in attempt.steps) - upto
+        ids += [i for s, _, _, batch in attempt.steps if upto is None or s <= upto for i in batch]
+    trial.duplicated = len(ids) - len(set(ids))
+    trial.missing = len(set(range(ROWS)) - set(ids))
+    if killed_at is None:
+        trial.problems.append("the node was never killed")
+        return trial
+    if len(order) < 2:
+        trial.problems.append("no attempt after the kill")
+        return trial
+    trial.work_lost = lost
+    after = [t for a in order[1:] for _, t, world, _ in attempts[a].steps if world == 1]
+    if after:
+        trial.recovery_s = min(after) - killed_at
+    else:
+        trial.problems.append("no step on the smaller world")
+    return trial
+
+
+# --------------------------------------------------------------------------------------------
+# sparktrain: a child process per run (so that the wall-clock limit holds whatever happens)
+# --------------------------------------------------------------------------------------------
+
+
+def child_sparktrain(work: Path, limit: float) -> None:
+    """Child mode: the elastic launch on a 2-node LocalCluster; writes ``work/result.json``."""
+    import sparktrain
+    from sparktrain import LocalCluster, launch
+
+    cluster = LocalCluster(nodes=2)
+    killed: dict[str, Any] = {}
+
+    def on_report(rank: int, record: dict[str, Any]) -> None:
+        metrics = record.get("metrics") or {}
+        step, world = record.get("step"), metrics.get("world")
+        if rank == 0 and world == 2 and step is not None and step >= KILL_STEP and not killed:
+            killed["at"] = time.time()
+            killed["step"] = step
+            killed["pid"] = cluster.kill_node(1)
+
+    result = launch(
+        train,
+        (str(work / "data"), str(work / "ckpt"), str(work / "logs"), STEP_SECONDS),
+        num_processes=2,
+        backend=cluster,
+        min_processes=1,
+        grow_back=False,
+        on_report=on_report,
+        progress=False,
+        log_ranks=[],
+        timeout=limit,
+    )
+    rescales = [
+        {
+            "cause": r.cause,
+            "detail": r.detail,
+            "old": r.old_world_size,
+            "new": r.new_world_size,
+            "resumed_step": r.resumed_step,
+            "resume_seconds": r.resume_seconds,
+        }
+        for r in result.rescales
+    ]
+    payload = {
+        "killed": killed,
+        "rescales": rescales,
+        "attempts": result.attempts,
+        "world_size": result.world_size,
+        "value": result.value,
+        "node_pids": cluster.node_pids(),
+    }
+    (work / "result.json").write_text(json.dumps(payload))
+    sparktrain.shutdown_warm()
+
+
+def run_sparktrain(work: Path, limit: float) -> Trial:
+    trial = Trial()
+    command = [sys.executable, str(Path(__file__).resolve()), "--child", str(work)]
+    command += ["--limit", str(limit)]
+    try:
+        proc = subprocess.run(
+            command,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=limit + 30,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        trial.problems.append(f"the run passed its wall-clock limit ({limit + 30:.0f}s): a hang")
+        return analyse(work / "logs", None, trial)
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+        trial.problems.append(f"the launch failed (exit {proc.returncode}):\n{tail}")
+        return analyse(work / "logs", None, trial)
+    result = json.loads((work / "result.json").read_text())
+    killed = result["killed"]
+    analyse(work / "logs", killed.get("at"), trial)
+    rescales = result["rescales"]
+    seen = [(r["cause"], r["old"], r["new"], r["resumed_step"]) for r in rescales]
+    expected = [("lost", 2, 1, trial.resumed[1] if len(trial.resumed) > 1 else None)]
+    if seen != expected:
+        trial.problems.append(f"result.rescales {seen}, expected {expected}")
+    if result["node_pids"]:
+        trial.problems.append(f"node processes still running: {result['node_pids']}")
+    if rescales and rescales[0]["resume_seconds"] is not None:
+        trial.extra = f"Rescale.resume_seconds {rescales[0]['resume_seconds']:.2f}"
+    return trial
+
+
+# --------------------------------------------------------------------------------------------
+# torchrun: two elastic agents on this machine
+# --------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` and every live descendant (torchrun's workers run in sessions of their own)."""
+    parents = {int(e.name): _ppid(int(e.name)) for e in Path("/proc").iterdir() if e.name.isdigit()}
+    tree, frontier = [root], [root]
+    while frontier:
+        children = [pid for pid, parent in parents.items() if parent in frontier]
+        tree += children
+        frontier = children
+    return tree
+
+
+def kill_tree(root: int) -> None:
+    """SIGKILL the process groups of ``root`` and its descendants, then each of them."""
+    tree = process_tree(root)
+    groups = set()
+    for pid in tree:
+        with contextlib.suppress(OSError):
+            groups.add(os.getpgid(pid))
+    for group in groups:
+        with contextlib.suppress(OSError):
+            os.killpg(group, signal.SIGKILL)
+    for pid in tree:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def start_agent(work: Path, name: str, port: int, rdzv_id: str) -> subprocess.Popen[bytes]:
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1:2",
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        f"--rdzv-id={rdzv_id}",
+        "--max-restarts=3",
+        str(Path(__file__).resolve()),
+        "--worker",
+        str(work / "data"),
+        str(work / "ckpt"),
+        str(work / "logs"),
+        str(STEP_SECONDS),
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS="1")  # torchrun sets it anyway, with a warning
+    with open(work / f"{name}.out", "wb") as out:
+        return subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+
+
+def watch_and_kill(
+    logs: Path, victim: subprocess.Popen[bytes], killed: dict[str, float], stop: threading.Event
+) -> None:
+    """Kill ``victim``'s node once a rank logged step ``KILL_STEP`` on two ranks."""
+    while not stop.is_set():
+        for path in logs.glob("attempt0-rank*-*.txt"):
+            for line in path.read_text().splitlines():
+                fields = line.split()
+                if fields[0] == "resume" or len(fields) < 3:
+                    continue
+                if int(fields[0]) >= KILL_STEP and fields[2] == "2":
+                    killed["at"] = time.time()
+                    kill_tree(victim.pid)
+                    return
+        time.sleep(0.01)
+
+
+def run_torchrun(work: Path, limit: float) -> Trial:
+    trial = Trial()
+    port, rdzv_id = free_port(), uuid.uuid4().hex[:12]
+    deadline = time.monotonic() + limit
+    host = start_agent(work, "agent0", port, rdzv_id)
+    other: subprocess.Popen[bytes] | None = None
+    killed: dict[str, float] = {}
+    stop = threading.Event()
+    try:
+        while not listening(port):  # the first agent hosts the c10d store
+            if host.poll() is not None or time.monotonic() > deadline:
+                trial.problems.append("the first agent never opened the c10d store")
+                return analyse(work / "logs", None, trial)
+            time.sleep(0.05)
+        other = start_agent(work, "agent1", port, rdzv_id)
+        watcher = threading.Thread(
+            target=watch_and_kill, args=(work / "logs", other, killed, stop), daemon=True
+        )
+        watcher.start()
+        try:
+            code = host.wait(timeout=max(deadline - time.monotonic(), 1.0))
+        except subprocess.TimeoutExpired:
+            trial.problems.append(f"the run passed its wall-clock limit ({limit:.0f}s)")
+        else:
+            if code != 0:
+                tail = (work / "agent0.out").read_text(errors="replace").strip().splitlines()
+                trial.problems.append(f"agent 0 exited {code}:\n" + "\n".join(tail[-15:]))
+    finally:
+        stop.set()
+        for agent in (other, host):
+            if agent is not None:
+                kill_tree(agent.pid)
+                agent.wait()
+    return analyse(work / "logs", killed.get("at"), trial)
+
+
+def torchrun_defaults() -> str:
+    """torchrun's rendezvous timeouts and agent intervals, as this torch has them."""
+    from torch.distributed import run
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+
+    timeouts = dr.RendezvousTimeout._DEFAULT_TIMEOUTS
+    params = inspect.signature(dr.DynamicRendezvousHandler.from_backend).parameters
+    parsed = run.get_args_parser().parse_args(["script.py"])
+    seconds = ", ".join(f"{k}={v.total_seconds():g}s" for k, v in timeouts.items())
+    return (
+        f"{seconds}, keep_alive_interval={params['keep_alive_interval'].default}s x "
+        f"keep_alive_max_attempt={params['keep_alive_max_attempt'].default}, "
+        f"monitor_interval={parsed.monitor_interval:g}s"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------------------------
+
+
+SIDES = ("sparktrain", "torchrun")
+
+
+def print_machine() -> None:
+    print("Machine")
+    print(f"  cpu count : {os.cpu_count()}")
+    print(f"  python    : {platform.python_version()} ({sys.executable})")
+    print(f"  torch     : {version_of('torch')}")
+    print(f"  sparktrain: {version_of('sparktrain')}")
+    print(f"  platform  : {platform.platform()}")
+    print(f"  load avg  : {load_average()} (1, 5, 15 min; other work on the machine skews timings)")
+    print(flush=True)
+
+
+def median(trials: Sequence[Trial]) -> float | None:
+    values = [t.recovery_s for t in trials if t.recovery_s is not None]
+    return statistics.median(values) if values else None
+
+
+def worst(values: Sequence[int | None]) -> str:
+    if any(v is None for v in values):
+        return "n/a"
+    return str(max(v for v in values if v is not None))
+
+
+def print_table(results: dict[str, list[Trial]], repeat: int, limit: float) -> None:
+    print(
+        f"Elastic recovery, {time.strftime('%Y-%m-%d')}: 2 nodes x 1 rank (gloo), node 1 "
+        f"SIGKILLed at step {KILL_STEP} (checkpoint every {EVERY} steps), {ROWS} rows of "
+        f"{BATCH} a batch, {STEP_SECONDS:g}s a step; median of {repeat}, limit {limit:g}s a run"
+    )
+    print(f"  torchrun defaults: {torchrun_defaults()}")
+    print()
+    print("| side | recovery s | runs (s) | work lost (steps) | duplicated | lost samples |")
+    print("| --- | ---: | --- | ---: | ---: | ---: |")
+    for side in SIDES:
+        trials = results[side]
+        runs = " ".join(fmt(t.recovery_s) for t in trials)
+        lost = worst([t.work_lost for t in trials])
+        dup = worst([t.duplicated for t in trials])
+        missing = worst([t.missing for t in trials])
+        print(f"| {side} | {fmt(median(trials))} | {runs} | {lost} | {dup} | {missing} |")
+    print()
+    print("Per run (attempts, the step each attempt resumed from)")
+    for side in SIDES:
+        for index, trial in enumerate(results[side]):
+            line = f"  {side:<10} #{index + 1}: {trial.attempts} attempts, resumed {trial.resumed}"
+            if trial.extra:
+                line += f"; {trial.extra}"
+            print(line)
+            for problem in trial.problems:
+                print(f"    PROBLEM: {problem}")
+    print()
+    value = ratio(median(results["torchrun"]), median(results["sparktrain"]))
+    verdict = "n/a" if value is None else ("PASS" if value >= TARGET_RATIO else "MISS")
+    exact = all(
+        t.duplicated == 0 and t.missing == 0 and not t.problems
+        for side in SIDES
+        for t in results[side]
+    )
+    print("Targets")
+    print(
+        f"  {'torchrun / sparktrain recovery':<40} {fmt(value):>8}   "
+        f"target >= {TARGET_RATIO:g}x  {verdict}"
+    )
+    print(f"  {'0 duplicated or lost (both sides)':<40} {'':>8}   {'PASS' if exact else 'MISS'}")
+    print(flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Main
+# --------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--repeat", type=int, default=3, help="runs a side (default 3)")
+    parser.add_argument(
+        "--limit", type=float, default=120.0, help="wall-clock seconds a run (default 120)"
+    )
+    parser.add_argument("--worker", nargs=4, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        data_dir, ckpt_dir, log_dir, step_seconds = args.worker
+        train(data_dir, ckpt_dir, log_dir, float(step_seconds))
+        return 0
+    if args.child:
+        child_sparktrain(Path(args.child), args.limit)
+        return 0
+    os.environ[BENCH_TAG_VAR] = uuid.uuid4().hex
+    started = time.perf_counter()
+    print_machine()
+    results: dict[str, list[Trial]] = {side: [] for side in SIDES}
+    with tempfile.TemporaryDirectory(prefix="sparktrain-elastic-") as tmp:
+        data_dir = write_rows(Path(tmp, "data"))
+        for index in range(args.repeat):
+            for side in SIDES:
+                work = Path(tmp, f"{side}-{index}")
+                (work / "logs").mkdir(parents=True)
+                os.symlink(data_dir, work / "data")
+                log(f"{side} run {index + 1} of {args.repeat}")
+                run = run_sparktrain if side == "sparktrain" else run_torchrun
+                trial = run(work, args.limit)
+                strays, _ = leftover_processes(5.0)
+                if strays:
+                    trial.problems.append(f"{len(strays)} process(es) left after the run")
+                    stop_strays(strays)
+                log(f"  recovery {fmt(trial.recovery_s)}s, work lost {trial.work_lost}")
+                results[side].append(trial)
+    print_table(results, args.repeat, args.limit)
+    strays, _ = leftover_processes()
+    if strays:
+        print("WARNING: leftover processes after the benchmark (now terminated):")
+        for pid, cmd in sorted(strays.items()):
+            print(f"  pid {pid}: {cmd[:160]}")
+        stop_strays(strays)
+    else:
+        print("No leftover processes.")
+    print(f"Total benchmark time: {time.perf_counter() - started:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -84,6 +84,29 @@ def test_late_agent_still_hears_stop() -> None:
         server.close()
 
 
+def test_late_agent_hears_grow_and_a_silent_end_is_lost() -> None:
+    server = ChannelServer("127.0.0.1", b"g" * 32)
+    try:
+        server.broadcast({"op": "grow"})  # capacity returned before this node connected
+        client = ChannelClient(server.address, b"g" * 32)
+        grown: list[str] = []
+        client.on_grow = lambda: grown.append("grow")
+        assert client.stop_requested() is False and grown == ["grow"]
+        client.send({"kind": "hello", "node": 1, "host": "h1", "ranks": [1]})
+        assert server.messages.get(timeout=5)["kind"] == "hello"
+        client.close()  # gone without a bye: its process or machine went away
+        assert server.messages.get(timeout=5) == {"kind": "lost", "node": 1, "host": "h1"}
+        polite = ChannelClient(server.address, b"g" * 32)
+        polite.send({"kind": "hello", "node": 0, "host": "h0", "ranks": [0]})
+        polite.send({"kind": "bye", "node": 0})
+        polite.close()
+        assert [server.messages.get(timeout=5)["kind"] for _ in range(2)] == ["hello", "bye"]
+        time.sleep(0.3)
+        assert server.messages.empty()  # a node that said bye is not lost
+    finally:
+        server.close()
+
+
 def test_injected_frame_is_refused() -> None:
     import struct
 

@@ -342,6 +342,19 @@ def test_finish_turns_every_rank_stopping_to_grow_into_grow_back() -> None:
         _finish([_report(0, (0, 1), failures={0: grow, 1: _failure(1, 0.5, "boom")})])
 
 
+def test_growing_survives_peers_that_saw_the_others_leave() -> None:
+    grow = RankFailure(0, "h", 1.0, "sparktrain.errors.GrowBack", "checkpoint step 4 is saved")
+    reset = RankFailure(1, "h", 1.1, "RuntimeError", "[gloo] Connection reset by peer")
+    with pytest.raises(GrowBack):
+        _finish([_report(0, (0, 1), failures={0: grow, 1: reset})])
+
+
+def test_a_crash_is_the_training_codes_and_a_kill_from_outside_is_not() -> None:
+    for sig, cause in ((11, "training code"), (6, "training code"), (15, "infrastructure")):
+        dead = RankFailure(1, "h", 1.0, None, "killed", exit_code=-sig)
+        assert TrainingFailedError(dead, (0,), {1: dead}).cause == cause
+
+
 def test_elastic_bounds_are_checked() -> None:
     with pytest.raises(ConfigError, match="min_processes=0 must be a whole number >= 1"):
         RunOptions(min_processes=0)

@@ -11,10 +11,11 @@ Design choices:
 - A failure of the infrastructure (a lost node, executor, actor or fork server) is one
   :class:`ClusterError`, whatever the backend. Like a rank's failure, it is restarted under
   ``max_restarts``; an elastic run (``min_processes``) continues on the capacity left instead.
-- A rank that died without a Python exception (killed by a signal: preempted, OOM-killed) or
-  failed only because a peer vanished is infrastructure too: :attr:`TrainingFailedError.cause`
-  says ``"infrastructure"``, and an elastic run treats it as a lost process. A Python exception
-  raised by the training code is ``"training code"``: a bug, never retried elastically.
+- A rank killed from outside without a Python exception (SIGKILL, SIGTERM: preempted,
+  OOM-killed) or failed only because a peer vanished is infrastructure too:
+  :attr:`TrainingFailedError.cause` says ``"infrastructure"``, and an elastic run treats it as
+  a lost process. A Python exception raised by the training code (or a crash such as SIGSEGV)
+  is ``"training code"``: a bug, never retried elastically.
 """
 
 from __future__ import annotations
@@ -116,8 +117,9 @@ class TrainingFailedError(RuntimeError):
     def cause(self) -> str:
         """``"training code"`` (a Python exception: a bug) or ``"infrastructure"``.
 
-        Infrastructure: the culprit died by a signal without a Python exception (preempted,
-        OOM-killed, its node gone), or every failure is a peer's connection error.
+        Infrastructure: the culprit was killed from outside without a Python exception (SIGKILL,
+        SIGTERM, SIGHUP or SIGINT: preempted, OOM-killed, its node gone), or failed only because
+        a peer vanished. A crash (SIGSEGV, SIGABRT...) is the training code's.
         """
         return "training code" if self.culprit is None else _cause_of(self.culprit)
 
@@ -239,8 +241,14 @@ _CAUSES = {
 }
 
 
+#: Signals that end a process from outside (preemption, the OOM killer, a node going away);
+#: a crash of the process itself (SIGSEGV, SIGABRT, SIGFPE, SIGBUS) is the training code's.
+_OUTSIDE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGHUP, signal.SIGINT})
+
+
 def _cause_of(culprit: RankFailure) -> str:
-    if culprit.exc_type is None and (culprit.exit_code or 0) < 0:
+    code = culprit.exit_code or 0
+    if culprit.exc_type is None and code < 0 and -code in _OUTSIDE_SIGNALS:
         return "infrastructure"
     return "infrastructure" if is_connection_error(culprit.message) else "training code"
 

@@ -33,6 +33,7 @@ from sparktrain.driver.monitor import Monitor
 from sparktrain.driver.results import LOST_NODE, Rescale, RunResult
 from sparktrain.errors import (
     CapacityError,
+    ClusterConfigError,
     ClusterError,
     ConfigError,
     GrowBack,
@@ -84,24 +85,35 @@ def run_attempts(
             result = attempt(current, number)
             return dataclasses.replace(result, attempts=number + 1, rescales=log.done())
         except GrowBack:
+            ended = time.time()
             bigger = fit(backend, current, plan.world_size, options, name=name, why="grow back")
-            log.add("grew", _grown(current, bigger), current, bigger)
+            if bigger.world_size != current.world_size:  # else the capacity went again: go on
+                log.add("grew", _grown(current, bigger), current, bigger, ended)
             current = bigger
         except TrainingTimeoutError:
             raise
+        except ClusterConfigError as error:
+            if not (options.elastic and log.entries):
+                raise
+            # The capacity went again between the sizing and the start: size it once more.
+            ended, why = time.time(), _first(error)
+            smaller = fit(backend, current, plan.world_size, options, name=name, why=why)
+            log.add("lost", why, current, smaller, ended)
+            current = smaller
         except (TrainingFailedError, ClusterError) as error:
             lost = options.elastic and error.cause == "infrastructure"
             if lost and len(log.entries) < options.max_rescales:
-                why = _loss(error)
+                ended, why = time.time(), _loss(error)
                 smaller = fit(backend, current, plan.world_size, options, name=name, why=why)
-                log.add("lost", why, current, smaller)
+                log.add("lost", why, current, smaller, ended)
                 current = smaller
             elif restarts < options.max_restarts:
                 restarts += 1
-                _say(
-                    f"sparktrain: {_first(error)}; restarting every rank "
-                    f"(attempt {restarts + 1} of {options.max_restarts + 1})"
-                )
+                with monitor.around_bar():
+                    _say(
+                        f"sparktrain: {_first(error)}; restarting every rank "
+                        f"(attempt {restarts + 1} of {options.max_restarts + 1})"
+                    )
             else:
                 if isinstance(error, TrainingFailedError):
                     error.attempts = number + 1
@@ -154,22 +166,49 @@ def settled_capacity(backend: Backend, plan: LaunchPlan, floor: int) -> int:
     drops a lost executor's slots when it notices.
     """
     deadline = time.monotonic() + SETTLE_SECONDS
-    last = backend.capacity(plan)
+    last = _capacity(backend, plan)
     while True:
         time.sleep(SETTLE_STEP)
-        now = backend.capacity(plan)
+        now = _capacity(backend, plan)
         if (now == last and now >= floor) or time.monotonic() > deadline:
             return now
         last = now
 
 
+def _capacity(backend: Backend, plan: LaunchPlan) -> int:
+    try:
+        return backend.capacity(plan)
+    except Exception as exc:
+        raise ClusterError(
+            f"the elastic run could not ask the {backend.name} backend for its capacity after a "
+            f"loss ({type(exc).__name__}: {exc}); check the cluster, then run again."
+        ) from exc
+
+
+def _bigger_fits(backend: Backend, plan: LaunchPlan, target: int) -> bool:
+    """Whether a layout larger than ``plan`` fits what the backend has now."""
+    use_gpu = plan.device == "cuda"
+    for size in range(min(backend.capacity(plan), target), plan.world_size, -1):
+        try:
+            backend.layout(size, use_gpu=use_gpu, name="num_processes")
+        except ConfigError:
+            continue
+        return True
+    return False
+
+
 def watch_capacity(
-    backend: Backend, plan: LaunchPlan, target: int, options: RunOptions
+    backend: Backend,
+    plan: LaunchPlan,
+    target: int,
+    options: RunOptions,
+    monitor: Monitor | None = None,
 ) -> Callable[[Nodes], None] | None:
     """For the follow loop: asks the nodes to grow back once more ranks fit (``None``: never)."""
     if not options.elastic or not options.grow_back or plan.world_size >= target:
         return None
     state = {"next": time.monotonic() + GROW_CHECK_SECONDS, "asked": False}
+    monitor = monitor or Monitor(progress=False)
 
     def tick(nodes: Nodes) -> None:
         now = time.monotonic()
@@ -177,15 +216,16 @@ def watch_capacity(
             return
         state["next"] = now + GROW_CHECK_SECONDS
         try:
-            more = backend.capacity(plan) > plan.world_size
+            more = _bigger_fits(backend, plan, target)
         except Exception:  # a cluster that cannot answer now: ask again later
             return
         if more:
             state["asked"] = True
-            _say(
-                "sparktrain: elastic: capacity returned; the ranks stop at their next "
-                f"checkpoint to grow back from {plan.world_size} rank(s) toward {target}"
-            )
+            with monitor.around_bar():
+                _say(
+                    "sparktrain: elastic: capacity returned; the ranks stop at their next "
+                    f"checkpoint to grow back from {plan.world_size} rank(s) toward {target}"
+                )
             nodes.request_grow()
 
     return tick
@@ -200,9 +240,14 @@ class _Rescales:
         monitor.on_resumed = self._resumed
 
     def add(
-        self, cause: Literal["lost", "grew"], detail: str, old: LaunchPlan, new: LaunchPlan
+        self,
+        cause: Literal["lost", "grew"],
+        detail: str,
+        old: LaunchPlan,
+        new: LaunchPlan,
+        ended: float,
     ) -> None:
-        self.entries.append(Rescale(cause, detail, old.world_size, new.world_size, time.time()))
+        self.entries.append(Rescale(cause, detail, old.world_size, new.world_size, ended))
         what = f"lost {detail}" if cause == "lost" else "growing back"
         with self.monitor.around_bar():
             _say(

@@ -143,7 +143,7 @@ class PreparedLaunch:
             nodes,
             stop_grace=options.stop_grace,
             monitor=monitor,
-            tick=watch_capacity(self.backend, plan, self.plan.world_size, options),
+            tick=watch_capacity(self.backend, plan, self.plan.world_size, options, monitor),
         )
         return finish(
             reports,

@@ -31,7 +31,7 @@ from typing import Any, ClassVar, Literal
 
 from sparktrain.driver.backend import Attempt, Backend, Nodes, Polled
 from sparktrain.driver.remote import RemoteNodes
-from sparktrain.errors import ConfigError
+from sparktrain.errors import ClusterConfigError, ConfigError
 from sparktrain.launchplan.layout import ClusterFacts, LaunchPlan, make_cluster_plan
 from sparktrain.node.ray_actor import NodeActor
 from sparktrain.node.report import NodeReport
@@ -197,7 +197,7 @@ class RayNodes(RemoteNodes):
                 self.backend._held[id(self)] = held
         if not ready:
             bundles, strategy = placement(self.plan)
-            raise ConfigError(
+            raise ClusterConfigError(
                 f"the Ray cluster could not place {len(bundles)} bundle(s) of {bundles[0]} "
                 f"({strategy}) within {PLACEMENT_SECONDS:.0f} s; its free resources are "
                 f"{self.ray.available_resources()}. Free resources, or lower num_processes."

@@ -145,7 +145,7 @@ def finish(
         # Nodes keep their own clocks: when one stops its ranks for a hang or a timeout, peers
         # on other nodes may fail with a connection error first. Those are victims, not causes.
         failures = {r: f for r, f in failures.items() if not _secondary(f)}
-    if failures and all(f.exc_type == _GROW_BACK for f in failures.values()):
+    if _growing(failures):
         raise GrowBack("the ranks stopped at a checkpoint to grow back")
     if failures:
         culprit = culprit_of(failures)
@@ -163,6 +163,17 @@ def finish(
         raise TrainingTimeoutError(timeout or 0.0, running, done)
     nodes = tuple(sorted(reports, key=lambda report: report.node_rank))
     return RunResult(_values(reports), world_size=world_size, duration=duration, nodes=nodes)
+
+
+def _growing(failures: Mapping[int, RankFailure]) -> bool:
+    """Whether the ranks stopped to grow back.
+
+    Some raised ``GrowBack``; the others failed only because their peers left (a connection
+    error, or killed while stopping).
+    """
+    grow = [f for f in failures.values() if f.exc_type == _GROW_BACK]
+    others = [f for f in failures.values() if f.exc_type != _GROW_BACK]
+    return bool(grow) and all(_secondary(f) or f.exc_type is None for f in others)
 
 
 def _values(reports: Sequence[NodeReport]) -> dict[int, Any]:

@@ -72,7 +72,8 @@ def run(
         raise ConfigError(
             f"horovod.run({refused[0]}=...) does not apply here: sparktrain starts the ranks "
             "itself (on this machine, or backend='spark'/'ray'), without hosts, SSH, MPI or "
-            "elastic bounds. Leave it out; max_restarts= restarts a failed group."
+            "Horovod's elastic bounds. Leave it out; min_processes= makes the run elastic "
+            "(docs/elastic.md), max_restarts= restarts a failed group."
         )
     if not callable(func):
         raise ConfigError(f"horovod.run(func={func!r}): func must be a function.")

@@ -26,7 +26,7 @@ SUGGESTIONS: dict[str, str] = {
     "add_process_set": "torch.distributed.new_group(ranks)",
     "remove_process_set": "torch.distributed.destroy_process_group(group)",
     "global_process_set": "the default group (group=None in torch.distributed calls)",
-    "elastic": "sparktrain's max_restarts= with sparktrain.checkpoint (or torchrun --nnodes=a:b)",
+    "elastic": "sparktrain's min_processes= with sparktrain.checkpoint (docs/elastic.md)",
     "mpi_threads_supported": "nothing: sparktrain runs without MPI (gloo on CPU, NCCL on GPU)",
     "start_timeline": "torch.profiler.profile(...)",
     "stop_timeline": "torch.profiler.profile(...)",

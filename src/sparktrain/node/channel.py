@@ -133,6 +133,7 @@ class ChannelServer:
         self._lock = threading.Lock()
         self._closed = False
         self._stop_sent = False
+        self._grow_sent = False
         threading.Thread(target=self._accept_loop, name="sparktrain-channel", daemon=True).start()
 
     def _accept_loop(self) -> None:
@@ -160,10 +161,11 @@ class ChannelServer:
         framed = _Framed(sock, self.secret, sends=b"s2c", receives=b"c2s")
         with self._lock:
             self._peers.append(framed)
-            late = self._stop_sent
-        if late:  # it connected after the stop went out: it must hear it too
+            sent = (("grow", self._grow_sent), ("stop", self._stop_sent))
+            late = [op for op, done in sent if done]
+        for op in late:  # it connected after these went out: it must hear them too
             with contextlib.suppress(OSError):
-                framed.send({"op": "stop"})
+                framed.send({"op": op})
         hello: dict[str, Any] | None = None
         said_bye = False
         try:
@@ -191,6 +193,8 @@ class ChannelServer:
             peers = list(self._peers)
             if message.get("op") == "stop":
                 self._stop_sent = True
+            if message.get("op") == "grow":
+                self._grow_sent = True
         for peer in peers:
             with contextlib.suppress(OSError):
                 peer.send(message)

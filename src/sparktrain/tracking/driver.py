@@ -97,7 +97,13 @@ class DriverRun:
 
     def attempt_started(self, plan: LaunchPlan, number: int) -> None:
         """Log the attempt's ``world_size`` at MLflow step ``number``: one run, every size."""
-        self._client().log_metric(self.run_id, "world_size", plan.world_size, step=number)
+        try:
+            self._client().log_metric(self.run_id, "world_size", plan.world_size, step=number)
+        except Exception as exc:  # the server went away: the run goes on, as begin() decides
+            warnings.warn(
+                f"sparktrain: could not log world_size to MLflow ({type(exc).__name__}: {exc})",
+                stacklevel=2,
+            )
 
     def succeeded(self, attempts: int, rescales: Sequence[Any] = ()) -> None:
         """Log the outcome (and an elastic run's rescales) and close the run as FINISHED."""

@@ -8,6 +8,7 @@ checkpoint brings it back to two. Every row of the epoch is trained on exactly o
 
 from __future__ import annotations
 
+import builtins
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +31,7 @@ def two_node_ray() -> Iterator[Any]:
     from ray.cluster_utils import Cluster
 
     saved = os.environ.get("RAY_AUTH_MODE")
+    saved_print = builtins.print  # ray.init replaces it in the driver and leaves it replaced
     os.environ["RAY_AUTH_MODE"] = "disabled"
     if ray.is_initialized():
         ray.shutdown()
@@ -44,6 +46,7 @@ def two_node_ray() -> Iterator[Any]:
     finally:
         ray.shutdown()
         cluster.shutdown()
+        builtins.print = saved_print
         if saved is None:
             os.environ.pop("RAY_AUTH_MODE", None)
         else:

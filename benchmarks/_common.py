@@ -97,3 +97,29 @@ def stop_strays(strays: dict[int, str]) -> None:
     for pid in strays:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+def report_leftovers(grace_s: float = 3.0) -> None:
+    """Print this run's processes still alive at its end (and terminate them), or that none are."""
+    strays, _ = leftover_processes(grace_s)
+    if strays:
+        print("WARNING: leftover processes after the benchmark (now terminated):")
+        for pid, cmd in sorted(strays.items()):
+            print(f"  pid {pid}: {cmd[:160]}")
+        stop_strays(strays)
+    else:
+        print("No leftover processes.")
+
+
+def print_machine(*packages: str) -> None:
+    """The machine block every benchmark prints first: cores, Python, the packages' versions."""
+    import platform
+
+    print("Machine")
+    print(f"  cpu count : {os.cpu_count()}")
+    print(f"  python    : {platform.python_version()} ({sys.executable})")
+    for name in (*packages, "sparktrain"):
+        print(f"  {name:<10}: {version_of(name)}")
+    print(f"  platform  : {platform.platform()}")
+    print(f"  load avg  : {load_average()} (1, 5, 15 min; other work on the machine skews timings)")
+    print(flush=True)

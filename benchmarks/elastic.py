@@ -39,7 +39,6 @@ import contextlib
 import inspect
 import json
 import os
-import platform
 import signal
 import socket
 import statistics
@@ -58,12 +57,14 @@ from _common import (
     BENCH_TAG_VAR,
     fmt,
     leftover_processes,
-    load_average,
     log,
+    print_machine,
     ratio,
+    report_leftovers,
     stop_strays,
-    version_of,
 )
+
+from sparktrain.procfs import parent_of
 
 ROWS = 160  # the epoch: 20 steps on 2 ranks, or 5 steps on 2 then 30 on 1 after the kill
 BATCH = 4
@@ -327,16 +328,9 @@ def listening(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _ppid(pid: int) -> int | None:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def process_tree(root: int) -> list[int]:
     """``root`` and every live descendant (torchrun's workers run in sessions of their own)."""
-    parents = {int(e.name): _ppid(int(e.name)) for e in Path("/proc").iterdir() if e.name.isdigit()}
+    parents = {int(e.name): parent_of(e.name) for e in Path("/proc").iterdir() if e.name.isdigit()}
     tree, frontier = [root], [root]
     while frontier:
         children = [pid for pid, parent in parents.items() if parent in frontier]
@@ -467,17 +461,6 @@ def torchrun_defaults() -> str:
 SIDES = ("sparktrain", "torchrun")
 
 
-def print_machine() -> None:
-    print("Machine")
-    print(f"  cpu count : {os.cpu_count()}")
-    print(f"  python    : {platform.python_version()} ({sys.executable})")
-    print(f"  torch     : {version_of('torch')}")
-    print(f"  sparktrain: {version_of('sparktrain')}")
-    print(f"  platform  : {platform.platform()}")
-    print(f"  load avg  : {load_average()} (1, 5, 15 min; other work on the machine skews timings)")
-    print(flush=True)
-
-
 def median(trials: Sequence[Trial]) -> float | None:
     values = [t.recovery_s for t in trials if t.recovery_s is not None]
     return statistics.median(values) if values else None
@@ -563,7 +546,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     os.environ[BENCH_TAG_VAR] = uuid.uuid4().hex
     started = time.perf_counter()
-    print_machine()
+    print_machine("torch")
     results: dict[str, list[Trial]] = {side: [] for side in SIDES}
     with tempfile.TemporaryDirectory(prefix="sparktrain-elastic-") as tmp:
         data_dir = write_rows(Path(tmp, "data"))
@@ -582,14 +565,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 log(f"  recovery {fmt(trial.recovery_s)}s, work lost {trial.work_lost}")
                 results[side].append(trial)
     print_table(results, args.repeat, args.limit)
-    strays, _ = leftover_processes()
-    if strays:
-        print("WARNING: leftover processes after the benchmark (now terminated):")
-        for pid, cmd in sorted(strays.items()):
-            print(f"  pid {pid}: {cmd[:160]}")
-        stop_strays(strays)
-    else:
-        print("No leftover processes.")
+    report_leftovers()
     print(f"Total benchmark time: {time.perf_counter() - started:.1f}s")
     return 0
 

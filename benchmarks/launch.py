@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -52,12 +51,11 @@ from typing import Any
 from _common import (
     BENCH_TAG_VAR,
     fmt,
-    leftover_processes,
     load_average,
     log,
+    print_machine,
     ratio,
-    stop_strays,
-    version_of,
+    report_leftovers,
 )
 
 N_PROCS = 2
@@ -323,18 +321,6 @@ def pyspark_unavailable() -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def print_machine() -> None:
-    print("Machine")
-    print(f"  cpu count : {os.cpu_count()}")
-    print(f"  python    : {platform.python_version()} ({sys.executable})")
-    print(f"  torch     : {version_of('torch')}")
-    print(f"  pyspark   : {version_of('pyspark')}")
-    print(f"  sparktrain: {version_of('sparktrain')}")
-    print(f"  platform  : {platform.platform()}")
-    print(f"  load avg  : {load_average()} (1, 5, 15 min; other work on the machine skews timings)")
-    print(flush=True)
-
-
 def print_table(rows: Sequence[Row], repeat: int) -> None:
     print(f"Launch time, N={N_PROCS} processes, median of {repeat} (seconds)")
     print(f"  {'':<48} {'no-op':>8} {'gloo':>8}   samples (no-op | gloo)")
@@ -450,18 +436,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     os.environ[BENCH_TAG_VAR] = uuid.uuid4().hex
     started = time.perf_counter()
-    print_machine()
+    print_machine("torch", "pyspark")
     rows = measure_all(args.repeat, args.skip_pyspark)
     print_table(list(rows.values()), args.repeat)
     print_ratios(rows)
-    strays, _ = leftover_processes()
-    if strays:
-        print("WARNING: leftover processes after the benchmark (now terminated):")
-        for pid, cmd in sorted(strays.items()):
-            print(f"  pid {pid}: {cmd[:160]}")
-        stop_strays(strays)
-    else:
-        print("No leftover processes.")
+    report_leftovers()
     print(f"Load average at the end: {load_average()}")
     print(f"Total benchmark time: {time.perf_counter() - started:.1f}s")
     return 0

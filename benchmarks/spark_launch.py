@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import platform
 import statistics
 import sys
 import time
@@ -53,9 +52,9 @@ from _common import (
     leftover_processes,
     load_average,
     log,
+    print_machine,
     ratio,
     stop_strays,
-    version_of,
 )
 
 N_PROCS = 2
@@ -307,19 +306,6 @@ def time_mode(
 # --------------------------------------------------------------------------------------------
 
 
-def print_machine() -> None:
-    print("Machine")
-    print(f"  cpu count : {os.cpu_count()}")
-    print(f"  python    : {platform.python_version()} ({sys.executable})")
-    print(f"  torch     : {version_of('torch')}")
-    print(f"  pyspark   : {version_of('pyspark')}")
-    print(f"  pyarrow   : {version_of('pyarrow')}")
-    print(f"  sparktrain: {version_of('sparktrain')}")
-    print(f"  platform  : {platform.platform()}")
-    print(f"  load avg  : {load_average()} (1, 5, 15 min; other work on the machine skews timings)")
-    print(flush=True)
-
-
 def print_table(modes: dict[str, Mode], repeat: int) -> None:
     print(f"Spark launch time on {MASTER}, N={N_PROCS} ranks, median of {repeat} (seconds)")
     print(f"  {'':<52} {'median':>8}   samples")
@@ -429,7 +415,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ[BENCH_TAG_VAR] = uuid.uuid4().hex
     started = time.perf_counter()
-    print_machine()
+    print_machine("torch", "pyspark", "pyarrow")
     log(f"starting {MASTER}")
     spark = None
     modes: dict[str, Mode] | None = None

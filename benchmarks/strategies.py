@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 
 import sparktrain
+from sparktrain.strategies.memory import local_bytes
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 MESHES = ((1, 1), (2, 1), (4, 1), (1, 2), (2, 2), (1, 4))  # (tp, pp) on 4 ranks
@@ -104,8 +105,7 @@ def measure_mesh(tp: int, pp: int, steps: int, gpu: bool) -> dict:
     seconds = _timed(step, steps, gpu)
     held = st.held_bytes(model, optimizer)
     grads = [p.grad for p in model.parameters() if p.grad is not None]
-    local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
-    held["grads"] = sum(g.numel() * g.element_size() for g in local)
+    held["grads"] = sum(local_bytes(g) for g in grads)
     found = st.mesh.current()
     stage = int(found[0].get_local_rank("pp")) if found else 0
     dist.destroy_process_group()

@@ -7,16 +7,6 @@ from typing import Any
 
 import pytest
 import torch
-from tests.test_tensor_parallel import (
-    DIM,
-    STEPS,
-    VOCAB,
-    Block,
-    _batch,
-    loss_fn,
-    one_process,
-    run_steps,
-)
 from torch import nn
 
 from sparktrain import ConfigError, launch
@@ -25,6 +15,16 @@ from sparktrain.strategies.split import (
     check_microbatches,
     check_schedule,
     split_children,
+)
+from test_tensor_parallel import (
+    DIM,
+    STEPS,
+    VOCAB,
+    Block,
+    _batch,
+    loss_fn,
+    one_process,
+    run_steps,
 )
 
 

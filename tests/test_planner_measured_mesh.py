@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -36,16 +35,12 @@ def build_model() -> nn.Sequential:
 _loss = train_mesh.loss_fn
 
 
-def _bytes(tensor: Any) -> int:
-    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-    return int(local.numel() * local.element_size())
-
-
 def measure_meshes() -> dict[tuple[int, int], tuple[int, int]]:
     """Run on every rank: per mesh, (this rank's stage, bytes of params + grads + states)."""
     import torch.distributed as dist
 
     import sparktrain
+    from sparktrain.strategies.memory import local_bytes
     from sparktrain.strategies.mesh import current, data_share
 
     dist.init_process_group("gloo")
@@ -56,14 +51,11 @@ def measure_meshes() -> dict[tuple[int, int], tuple[int, int]]:
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         replicas, index = data_share() or (1, 0)
         x, y = tokens[:, :-1].chunk(replicas)[index], tokens[:, 1:].chunk(replicas)[index]
-        if pp > 1:
-            sparktrain.forward_backward(model, x, y, _loss)
-        else:
-            _loss(model(x), y).backward()
+        sparktrain.forward_backward(model, x, y, _loss)
         opt.step()
         params = list(model.parameters())
-        total = sum(_bytes(p) for p in params) + sum(_bytes(p.grad) for p in params)
-        total += sum(_bytes(v) for s in opt.state.values() for v in s.values())
+        total = sum(local_bytes(p) for p in params) + sum(local_bytes(p.grad) for p in params)
+        total += sum(local_bytes(v) for s in opt.state.values() for v in s.values())
         found = current()
         assert found is not None
         held[(tp, pp)] = (int(found[0].get_local_rank("pp")), total)

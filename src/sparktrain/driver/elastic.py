@@ -22,6 +22,7 @@ in the run's MLflow run.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 import time
@@ -78,6 +79,13 @@ def run_attempts(
     """
     log = _Rescales(monitor)
     restarts, number, current = 0, 0, plan
+
+    def shrink(why: str) -> LaunchPlan:
+        ended = time.time()
+        smaller = fit(backend, current, plan.world_size, options, name=name, why=why)
+        log.add("lost", why, current, smaller, ended)
+        return smaller
+
     while True:
         if on_start is not None:
             on_start(current, number)
@@ -93,34 +101,29 @@ def run_attempts(
         except TrainingTimeoutError:
             raise
         except ClusterConfigError as error:
-            if not (options.elastic and log.entries):
+            # After a rescale, the capacity went again between the sizing and the start.
+            if not (options.elastic and log.entries) or len(log.entries) >= options.max_rescales:
                 raise
-            # The capacity went again between the sizing and the start: size it once more.
-            ended, why = time.time(), _first(error)
-            smaller = fit(backend, current, plan.world_size, options, name=name, why=why)
-            log.add("lost", why, current, smaller, ended)
-            current = smaller
+            current = shrink(_first(error))
         except (TrainingFailedError, ClusterError) as error:
             lost = options.elastic and error.cause == "infrastructure"
             if lost and len(log.entries) < options.max_rescales:
-                ended, why = time.time(), _loss(error)
-                smaller = fit(backend, current, plan.world_size, options, name=name, why=why)
-                log.add("lost", why, current, smaller, ended)
-                current = smaller
+                current = shrink(_loss(error))
             elif restarts < options.max_restarts:
                 restarts += 1
-                with monitor.around_bar():
-                    _say(
-                        f"sparktrain: {_first(error)}; restarting every rank "
-                        f"(attempt {restarts + 1} of {options.max_restarts + 1})"
-                    )
+                _say(
+                    f"sparktrain: {_first(error)}; restarting every rank "
+                    f"(attempt {restarts + 1} of {options.max_restarts + 1})",
+                    monitor,
+                )
             else:
                 if isinstance(error, TrainingFailedError):
                     error.attempts = number + 1
                 if lost:
                     _say(
                         f"sparktrain: elastic: not going on: the run already changed size "
-                        f"{len(log.entries)} time(s), max_rescales={options.max_rescales}"
+                        f"{len(log.entries)} time(s), max_rescales={options.max_rescales}",
+                        monitor,
                     )
                 raise
         number += 1
@@ -143,12 +146,9 @@ def fit(
     """
     floor = options.min_processes or target
     capacity = min(settled_capacity(backend, current, floor), target)
-    use_gpu = current.device == "cuda"
-    for size in range(capacity, floor - 1, -1):
-        try:
-            return backend.layout(size, use_gpu=use_gpu, name=name)
-        except ConfigError:  # not a layout this backend can make of that size: try one less
-            continue
+    found = largest_layout(backend, current, capacity, floor, name=name)
+    if found is not None:
+        return found
     raise CapacityError(
         f"the elastic run cannot go on after {why}: {max(capacity, 0)} rank(s) can run now "
         f"on the {backend.name} backend, fewer than min_processes={floor} (the run's full size "
@@ -185,16 +185,21 @@ def _capacity(backend: Backend, plan: LaunchPlan) -> int:
         ) from exc
 
 
-def _bigger_fits(backend: Backend, plan: LaunchPlan, target: int) -> bool:
-    """Whether a layout larger than ``plan`` fits what the backend has now."""
+def largest_layout(
+    backend: Backend, plan: LaunchPlan, high: int, low: int, *, name: str = "num_processes"
+) -> LaunchPlan | None:
+    """The largest layout like ``plan`` of ``high`` down to ``low`` ranks, or ``None``.
+
+    A size the backend cannot lay out (not a multiple of the ranks per node, nodes too unequal)
+    is skipped for the next smaller one.
+    """
     use_gpu = plan.device == "cuda"
-    for size in range(min(backend.capacity(plan), target), plan.world_size, -1):
+    for size in range(high, low - 1, -1):
         try:
-            backend.layout(size, use_gpu=use_gpu, name="num_processes")
+            return backend.layout(size, use_gpu=use_gpu, name=name)
         except ConfigError:
             continue
-        return True
-    return False
+    return None
 
 
 def watch_capacity(
@@ -208,7 +213,6 @@ def watch_capacity(
     if not options.elastic or not options.grow_back or plan.world_size >= target:
         return None
     state = {"next": time.monotonic() + GROW_CHECK_SECONDS, "asked": False}
-    monitor = monitor or Monitor(progress=False)
 
     def tick(nodes: Nodes) -> None:
         now = time.monotonic()
@@ -216,16 +220,17 @@ def watch_capacity(
             return
         state["next"] = now + GROW_CHECK_SECONDS
         try:
-            more = _bigger_fits(backend, plan, target)
+            high = min(backend.capacity(plan), target)
+            more = largest_layout(backend, plan, high, plan.world_size + 1) is not None
         except Exception:  # a cluster that cannot answer now: ask again later
             return
         if more:
             state["asked"] = True
-            with monitor.around_bar():
-                _say(
-                    "sparktrain: elastic: capacity returned; the ranks stop at their next "
-                    f"checkpoint to grow back from {plan.world_size} rank(s) toward {target}"
-                )
+            _say(
+                "sparktrain: elastic: capacity returned; the ranks stop at their next "
+                f"checkpoint to grow back from {plan.world_size} rank(s) toward {target}",
+                monitor,
+            )
             nodes.request_grow()
 
     return tick
@@ -249,11 +254,11 @@ class _Rescales:
     ) -> None:
         self.entries.append(Rescale(cause, detail, old.world_size, new.world_size, ended))
         what = f"lost {detail}" if cause == "lost" else "growing back"
-        with self.monitor.around_bar():
-            _say(
-                f"sparktrain: elastic: {what}; restarting on {new.describe()} (was "
-                f"{old.world_size} rank(s)) from the latest checkpoint"
-            )
+        _say(
+            f"sparktrain: elastic: {what}; restarting on {new.describe()} (was "
+            f"{old.world_size} rank(s)) from the latest checkpoint",
+            self.monitor,
+        )
 
     def _resumed(self, step: int) -> None:
         if not self.entries or self.entries[-1].resumed_step is not None:
@@ -262,8 +267,7 @@ class _Rescales:
         self.entries[-1] = dataclasses.replace(
             last, resumed_step=step, resume_seconds=time.time() - last.at
         )
-        with self.monitor.around_bar():
-            _say(f"sparktrain: elastic: {self.entries[-1].resumed()}")
+        _say(f"sparktrain: elastic: {self.entries[-1].resumed()}", self.monitor)
 
     def done(self) -> tuple[Rescale, ...]:
         return tuple(self.entries)
@@ -286,5 +290,7 @@ def _grown(old: LaunchPlan, new: LaunchPlan) -> str:
     return f"{new.world_size - old.world_size} more rank(s) fit"
 
 
-def _say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+def _say(line: str, monitor: Monitor | None = None) -> None:
+    """Print ``line`` on stderr, around the monitor's progress bar when there is one."""
+    with monitor.around_bar() if monitor is not None else contextlib.nullcontext():
+        print(line, file=sys.stderr, flush=True)

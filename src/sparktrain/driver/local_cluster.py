@@ -16,6 +16,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -165,7 +166,9 @@ class LocalClusterNodes(RemoteNodes):
             self.close()
             raise
 
-    def _spawn(self, node: int, slot: int, master: tuple[str, int], listener: object) -> None:
+    def _spawn(
+        self, node: int, slot: int, master: tuple[str, int], listener: socket.socket | None
+    ) -> None:
         place = Place(node, f"node{slot}", master, ())
         job = os.path.join(self.folder, f"node-{node}.job")
         with open(job, "wb") as handle:
@@ -173,7 +176,7 @@ class LocalClusterNodes(RemoteNodes):
         command = [sys.executable, "-m", "sparktrain.node.local_node", job, self._report(node)]
         fds: tuple[int, ...] = ()
         if listener is not None:
-            fd = listener.fileno()  # type: ignore[attr-defined]
+            fd = listener.fileno()
             command.append(str(fd))
             fds = (fd,)
         environ = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))

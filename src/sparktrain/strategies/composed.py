@@ -91,13 +91,13 @@ def prepare_parallel(
             check_plan(model, shape.tp, plan)
     mesh = build_mesh(shape, where.type)
 
-    def prepare_part(part: Any, whole: bool = False) -> Any:
+    def prepare_part(part: Any) -> Any:
         if shape.tp > 1:
-            apply_tensor_parallel(part.to(where), mesh["tp"], plan, part=not whole)
+            apply_tensor_parallel(part.to(where), mesh["tp"], plan, part=shape.pp > 1)
         return shard(part, where, mesh["dp"]) if strategy == "fsdp" else part.to(where)
 
     if shape.pp == 1:
-        return prepare_part(model, whole=True)
+        return prepare_part(model)
     from sparktrain.strategies.pipeline import build_pipeline
 
     return build_pipeline(

@@ -19,7 +19,8 @@ def _local(tensor: Any) -> Any:
     return tensor
 
 
-def _bytes(tensor: Any) -> int:
+def local_bytes(tensor: Any) -> int:
+    """Bytes of the part of ``tensor`` this rank holds (its DTensor or ZeRO shard, else all)."""
     local = _local(tensor)
     return int(local.numel() * local.element_size())
 
@@ -35,10 +36,10 @@ def held_bytes(model: Any, optimizer: Any) -> dict[str, int]:
     """``{"parameters": ..., "optimizer": ...}``: bytes this rank holds for ``model``."""
     import torch
 
-    params = sum(_bytes(p) for p in model.parameters())
+    params = sum(local_bytes(p) for p in model.parameters())
     states = 0
     for state in _torch_optimizer(optimizer).state.values():
         for value in state.values():
             if isinstance(value, torch.Tensor) and value.dim() > 0:
-                states += _bytes(value)
+                states += local_bytes(value)
     return {"parameters": params, "optimizer": states}

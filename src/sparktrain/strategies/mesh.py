@@ -26,11 +26,6 @@ class MeshShape:
     dp: int
     tp: int
 
-    @property
-    def world_size(self) -> int:
-        """The number of ranks the mesh covers."""
-        return self.pp * self.dp * self.tp
-
     def coordinate(self, rank: int) -> tuple[int, int, int]:
         """``(pp, dp, tp)`` indices of global ``rank``."""
         return rank // (self.dp * self.tp), (rank // self.tp) % self.dp, rank % self.tp

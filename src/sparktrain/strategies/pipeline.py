@@ -25,7 +25,7 @@ from torch import nn
 
 from sparktrain.errors import ConfigError
 from sparktrain.strategies.mesh import MeshShape
-from sparktrain.strategies.split import SCHEDULES, split_children
+from sparktrain.strategies.split import MULTI_STAGE, SCHEDULES, split_children
 
 
 class PipelineModel(nn.Module):
@@ -94,7 +94,7 @@ class PipelineModel(nn.Module):
                 )
             return self._runner
         cls = get_schedule_class(SCHEDULES[self._schedule_name])
-        single = len(self._stages) == 1 and self._schedule_name in ("gpipe", "1f1b")
+        single = self._schedule_name not in MULTI_STAGE  # one stage a rank
         stage: Any = self._stages[0] if single else self._stages
         self._runner = cls(stage, n_microbatches=self.microbatches, loss_fn=loss_fn)
         self._loss_fn = loss_fn
@@ -175,7 +175,7 @@ def build_pipeline(
     stages: list[Any] = []
     for index in range(pp_rank, count, shape.pp):
         run = nn.Sequential(OrderedDict((n, model.get_submodule(n)) for n in groups[index]))
-        part = prepare_part(run.to(where))
+        part = prepare_part(run)  # prepare_part puts it on the device (or keeps it offloaded)
         parts.append(part)
         stages.append(PipelineStage(part, index, count, where, group=group))
     last_rank = dist.get_global_rank(group, (count - 1) % shape.pp)

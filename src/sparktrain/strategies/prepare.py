@@ -197,8 +197,9 @@ def prepare_model(
             **({"pp": pp, "pp_schedule": schedule} if pp != 1 else {}),
         }
     )
+    prepared: Any
     if tp != 1 or pp != 1 or parallelize_plan is not None:
-        split = prepare_parallel(
+        prepared = prepare_parallel(
             model,
             name,
             where,
@@ -208,14 +209,12 @@ def prepare_model(
             pipelining=Pipelining(schedule, microbatches, stages_per_rank, split_points),
             shard=lambda m, w, mesh: _fsdp(m, w, precision=precision, mesh=mesh, **options),
         )
-        object.__setattr__(split, "_sparktrain_skeleton", skeleton)
-        return split
-    if name == "ddp":
+    elif name == "ddp":
         return _ddp(model, where)
-    if name in zero.STAGES:
+    elif name in zero.STAGES:
         user = zero.deepspeed_config() or {}
         config = zero.zero_config(name, precision, {**user, **(deepspeed_config or {})})
-        prepared: Any = zero.ZeroModel(model.to(where), config)
+        prepared = zero.ZeroModel(model.to(where), config)
     else:
         prepared = _fsdp(model, where, precision=precision, **options)
     object.__setattr__(prepared, "_sparktrain_skeleton", skeleton)  # not a registered submodule

@@ -159,12 +159,13 @@ def apply_tensor_parallel(
                 f"parallelize_plan={plan!r} must be a non-empty dict of module name to a "
                 "torch.distributed.tensor.parallel style (ColwiseParallel(), ...)."
             )
-        if part:
+        if part:  # a stage of a model whose plan check_plan checked whole: its own keys
             names = [n for n, _ in model.named_modules() if n]
             plan = {k: v for k, v in plan.items() if any(_matches(k, n) for n in names)}
             if not plan:
                 return []
-        _check_names(model, plan)
+        else:
+            _check_names(model, plan)
         styles = plan
     parallelize_module(model, tp_mesh, styles)
     log.info("tensor parallel over %d ranks: %s", tp, ", ".join(sorted(styles)))

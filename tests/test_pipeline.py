@@ -7,16 +7,7 @@ from typing import Any
 
 import pytest
 import torch
-from torch import nn
-
-from sparktrain import ConfigError, launch
-from sparktrain.planner.partition import balanced_bounds
-from sparktrain.strategies.split import (
-    check_microbatches,
-    check_schedule,
-    split_children,
-)
-from test_tensor_parallel import (
+from tests.test_tensor_parallel import (
     DIM,
     STEPS,
     VOCAB,
@@ -25,6 +16,15 @@ from test_tensor_parallel import (
     loss_fn,
     one_process,
     run_steps,
+)
+from torch import nn
+
+from sparktrain import ConfigError, launch
+from sparktrain.planner.partition import balanced_bounds
+from sparktrain.strategies.split import (
+    check_microbatches,
+    check_schedule,
+    split_children,
 )
 
 

@@ -113,9 +113,6 @@ def deepspeed_engine() -> int:
     import deepspeed
     import torch
 
-    os.environ.setdefault(
-        "TORCH_EXTENSIONS_DIR", os.path.join(tempfile.gettempdir(), "sparktrain-bench-ext")
-    )
     deepspeed.init_distributed("gloo")
     model = torch.nn.Linear(8, 2)
     config = {

@@ -27,7 +27,7 @@ def test_authenticated_agent_talks_both_ways() -> None:
         client.send({"kind": "log", "lines": ["hello"]})
         assert server.messages.get(timeout=5) == {"kind": "log", "lines": ["hello"]}
         server.broadcast({"op": "stop"})
-        assert client.stop_requested()
+        assert client.receive() == "stop"
         client.close()
     finally:
         server.close()
@@ -78,7 +78,7 @@ def test_late_agent_still_hears_stop() -> None:
     try:
         server.broadcast({"op": "stop"})  # nobody connected yet
         client = ChannelClient(server.address, b"l" * 32)
-        assert client.stop_requested()
+        assert client.receive() == "stop"
         client.close()
     finally:
         server.close()
@@ -91,7 +91,7 @@ def test_late_agent_hears_grow_and_a_silent_end_is_lost() -> None:
         client = ChannelClient(server.address, b"g" * 32)
         grown: list[str] = []
         client.on_grow = lambda: grown.append("grow")
-        assert client.stop_requested() is False and grown == ["grow"]
+        assert client.receive() is None and grown == ["grow"]
         client.send({"kind": "hello", "node": 1, "host": "h1", "ranks": [1]})
         assert server.messages.get(timeout=5)["kind"] == "hello"
         client.close()  # gone without a bye: its process or machine went away

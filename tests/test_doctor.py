@@ -8,6 +8,7 @@ import platform
 import subprocess
 import sys
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -51,12 +52,31 @@ def test_healthy_here_exit_zero_with_warnings() -> None:
     assert "Nothing blocks a launch" in done.stdout
 
 
+def test_a_build_lock_nobody_holds_is_a_warning_and_build_ops_names_the_ops(
+    tmp_path: Path,
+) -> None:
+    lock = tmp_path / "cpu_adam" / "lock"
+    lock.parent.mkdir()
+    lock.touch()  # left by a killed build outside sparktrain
+    (tmp_path / "fused_adam").mkdir()
+    (tmp_path / "fused_adam" / "fused_adam.so").touch()
+    done = _doctor("--json", "--cpu", TORCH_EXTENSIONS_DIR=str(tmp_path))
+    ops = {c["name"]: c for c in json.loads(done.stdout)["checks"]}["ops"]
+    assert ops["verdict"] == "warning" and f"rm {lock}" in ops["found"], ops
+    assert ops["fix"].startswith("sparktrain doctor --build-ops")
+    assert ops["facts"]["built"] == ["fused_adam"] and ops["facts"]["stale_locks"] == [str(lock)]
+    pytest.importorskip("deepspeed")
+    done = _doctor("--build-ops", "no_such_op", TORCH_EXTENSIONS_DIR=str(tmp_path))
+    assert done.returncode == 2 and "choose from:" in done.stderr and "cpu_adam" in done.stderr
+    assert lock.exists()  # nothing is touched before the names are known
+
+
 def test_json_has_every_check() -> None:
     done = _doctor("--json", "--cpu", "--processes", "2", CUDA_VISIBLE_DEVICES="")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     checks = {c["name"]: c for c in report["checks"]}
-    expected = {"python", "torch", "cuda", "gpus", "backends", "shm", "ports", "java"}
+    expected = {"python", "torch", "cuda", "gpus", "backends", "shm", "ports", "ops", "java"}
     engines = ("pyspark", "mlflow", "deepspeed", "ray", "tensorflow", "optuna")
     expected |= {f"extra.{n}" for n in engines}
     assert expected | {"launch.local"} == set(checks)

@@ -141,6 +141,8 @@ class StackSite:
         user_line: Its line.
         user_function: Its function.
         stack: The rank's whole Python stack, most recent call first.
+        note: What the rank waited on, where more is known than its stack says (a build lock
+            that no process holds), with what to do.
     """
 
     rank: int
@@ -149,11 +151,13 @@ class StackSite:
     user_line: int
     user_function: str
     stack: str
+    note: str = ""
 
     def describe(self) -> str:
-        """``rank 1 in all_reduce at train.py:42 (in train)``."""
+        """``rank 1 in all_reduce at train.py:42 (in train)``, and the note if there is one."""
         where = f"{os.path.basename(self.user_file)}:{self.user_line}" if self.user_file else "?"
-        return f"rank {self.rank} in {self.function} at {where} (in {self.user_function})"
+        said = f"rank {self.rank} in {self.function} at {where} (in {self.user_function})"
+        return f"{said}: {self.note}" if self.note else said
 
 
 class HangError(TrainingFailedError):
@@ -167,10 +171,11 @@ class HangError(TrainingFailedError):
         ]
         lines += [f"  {sites[r].describe()}" for r in sorted(sites)]
         lines += [f"  rank {r}: no stack (it did not answer)" for r in silent if r not in sites]
-        lines.append(
-            "A rank waiting in a collective that another rank never reached usually means the "
-            "ranks took different branches or ran different numbers of steps."
-        )
+        if not sites or not all(site.note for site in sites.values()):
+            lines.append(
+                "A rank waiting in a collective that another rank never reached usually means "
+                "the ranks took different branches or ran different numbers of steps."
+            )
         super().__init__(
             None, tuple(sorted(set(sites) | set(silent))), {}, headline="\n".join(lines)
         )

@@ -18,10 +18,10 @@ from typing import Any
 from sparktrain.rank.env import (
     contract_int,
     contract_rank,
-    contract_store,
     cuda_visible_devices,
     restart_count,
 )
+from sparktrain.rank.stores import contract_store
 
 _PREFIX = "sparktrain/barrier/"
 

@@ -34,7 +34,8 @@ from typing import Any
 
 import cloudpickle
 
-from sparktrain.rank.env import contract_int, contract_rank, contract_store
+from sparktrain.rank.env import contract_int, contract_rank
+from sparktrain.rank.stores import contract_store
 
 _PREFIX = "sparktrain/tf_worker/"
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")

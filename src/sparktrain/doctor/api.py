@@ -15,7 +15,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from sparktrain.doctor import checks, extras, spark_checks, system
+from sparktrain.doctor import checks, extras, ops, spark_checks, system
 from sparktrain.doctor.verdicts import Check, DoctorReport
 from sparktrain.errors import ConfigError
 
@@ -71,6 +71,7 @@ def run_checks(
         checks.backends_check(gpus=gpus if use_gpu is not False else 0),
         system.shm_check(system.shm_size()),
         system.ports_check(),
+        ops.ops_check(),
         *extras.extras_checks(),
         extras.java_check(
             needed=spark is None and bool(spark_master) and not _is_remote(spark_master)

@@ -55,6 +55,15 @@ def add_doctor_parser(commands: argparse._SubParsersAction[argparse.ArgumentPars
         help="with a Spark session, run a real barrier stage of the launch's tasks and check "
         "the executors' Python (sparktrain, torch, version)",
     )
+    doctor.add_argument(
+        "--build-ops",
+        nargs="*",
+        default=None,
+        metavar="OP",
+        help="first build DeepSpeed's C++ ops here, into TORCH_EXTENSIONS_DIR (by default the "
+        "ones a run loads at start, e.g. deepspeed_shm_comm on a CPU; or name them: cpu_adam "
+        "fused_adam), removing build locks that no process holds; exit code 1 if one fails",
+    )
     doctor.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
@@ -75,7 +84,10 @@ def run_doctor(options: argparse.Namespace) -> int:
     from sparktrain.doctor.api import run_checks
     from sparktrain.doctor.render import render_json, render_report
 
+    failed_ops = False
     try:
+        if options.build_ops is not None:
+            failed_ops = _build_ops(options.build_ops)
         report = run_checks(
             processes=options.processes,
             use_gpu=options.use_gpu,
@@ -87,4 +99,18 @@ def run_doctor(options: argparse.Namespace) -> int:
         print(f"sparktrain: error: {exc}", file=sys.stderr)
         return 2
     print(render_json(report) if options.json else render_report(report))
-    return report.exit_code
+    return max(report.exit_code, int(failed_ops))
+
+
+def _build_ops(names: list[str]) -> bool:
+    """Build the ops, one line each on stderr; whether one failed."""
+    from sparktrain.doctor.ops import build_ops
+
+    built = build_ops(names)
+    for op in built:
+        if op.error:
+            print(f"sparktrain: could not build {op.name}: {op.error}", file=sys.stderr)
+        else:
+            where = f" (kept in {op.folder})" if op.folder else " (installed with DeepSpeed)"
+            print(f"sparktrain: {op.name} ready in {op.seconds:.1f}s{where}", file=sys.stderr)
+    return any(op.error for op in built)

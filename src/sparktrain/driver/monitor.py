@@ -16,7 +16,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Literal
 
 from sparktrain.rank.reporting import RESUMED_METRIC
 
@@ -128,6 +128,10 @@ class Monitor:
     def stop_requested(self) -> bool:
         """Whether a stop was requested."""
         return self._stop
+
+    def receive(self) -> Literal["stop"] | None:
+        """For the local node's agent: ``"stop"`` once a stop was requested."""
+        return "stop" if self._stop else None
 
     def close(self) -> None:
         """Leave the bar as it ended and release the pipe."""

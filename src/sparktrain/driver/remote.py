@@ -23,6 +23,8 @@ from sparktrain.node.spec import NodeSpec
 
 #: After every node returned, how long to wait for log lines still in flight.
 DRAIN_SECONDS = 5.0
+#: Seconds between the ``busy`` messages passed on to every node.
+BUSY_EVERY = 1.0
 
 
 class Printer:
@@ -70,6 +72,7 @@ class RemoteNodes(Nodes):
         self.channel = ChannelServer(host, secrets.token_bytes(32))
         self.printer = Printer(attempt.options.log_ranks, attempt.monitor)
         self.spec: NodeSpec = attempt.spec(channel=self.channel.address, secret=self.channel.secret)
+        self._busy_sent = 0.0
 
     def pump(self, wait: float) -> bool:
         """Handle the nodes' messages for up to ``wait`` seconds; whether a rank failed."""
@@ -80,9 +83,23 @@ class RemoteNodes(Nodes):
                 message = self.channel.messages.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 return failed
+            if message["kind"] == "busy":
+                self._pass_busy()
+                continue
             failed = self.printer.handle(message) or failed
             if failed:
                 return True
+
+    def _pass_busy(self) -> None:
+        """A node's rank builds an op: every node's hang clock counts it (at most once a second).
+
+        The others' ranks wait for it in the rendezvous, silent; their agents would otherwise
+        take the wait for a hang.
+        """
+        now = time.monotonic()
+        if now - self._busy_sent >= BUSY_EVERY:
+            self._busy_sent = now
+            self.channel.broadcast({"op": "busy"})
 
     def request_grow(self) -> None:
         """Tell every node that the run grows back at the ranks' next checkpoint."""

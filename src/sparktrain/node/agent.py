@@ -15,6 +15,7 @@ says so, and the rank counts as having ended with the outcome it recorded.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import selectors
 import signal
@@ -27,7 +28,8 @@ from sparktrain.node import stacks
 from sparktrain.node.logs import LogSink, Stream
 from sparktrain.node.outcome import Control, NodeOutcome, RankExit
 from sparktrain.node.warm import ForkServer
-from sparktrain.rank.paths import stack_path
+from sparktrain.rank import extensions
+from sparktrain.rank.paths import stack_path, wait_path
 from sparktrain.rank.worker import RankRequest
 
 #: How long to keep reading pipes after every rank has exited (a grandchild may hold them).
@@ -281,16 +283,24 @@ class NodeAgent:
         running = self._running()
         for _, pid in running:
             self.server.signal(pid, signal.SIGUSR1, group=False)
-        paths = {r.rank: stack_path(r.run_dir, r.rank) for r in self.requests}
+        run_dirs = {r.rank: r.run_dir for r in self.requests}
         waiting = [rank for rank, _ in running]
-        self.outcome.hang_sites = stacks.collect({r: paths[r] for r in waiting}, STACK_SECONDS)
+        sites = stacks.collect({r: stack_path(run_dirs[r], r) for r in waiting}, STACK_SECONDS)
+        for rank, site in sites.items():  # a rank that waits on a build lock nobody holds
+            lock = extensions.waited_lock(wait_path(run_dirs[rank], rank))
+            if lock is not None:
+                sites[rank] = dataclasses.replace(site, note=lock.describe())
+        self.outcome.hang_sites = sites
         self.outcome.hang_silent = tuple(r for r in waiting if r not in self.outcome.hang_sites)
 
     def _on_control(self, fd: int) -> None:
         assert self.control is not None
-        if self.control.stop_requested():
+        heard = self.control.receive()
+        if heard == "stop":
             self._selector.unregister(fd)  # nothing more to hear; stop once
             self.stop()
+        elif heard == "busy":  # another node's rank builds an op, and ours wait for it
+            self._last_progress = time.monotonic()
 
     def _on_event(self) -> None:
         event = self.server.receive()

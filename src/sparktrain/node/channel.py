@@ -25,7 +25,7 @@ import socket
 import struct
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 log = logging.getLogger("sparktrain.node.channel")
 
@@ -244,20 +244,21 @@ class ChannelClient:
         """Descriptor to wait on for the driver's messages."""
         return self._sock.fileno()
 
-    def stop_requested(self) -> bool:
-        """Read the driver's message; ``True`` for ``stop``, a closed or a broken channel.
+    def receive(self) -> Literal["stop", "busy"] | None:
+        """Read the driver's message: ``"stop"`` for stop, a closed or a broken channel.
 
-        ``grow`` (an elastic run's capacity returned) calls :attr:`on_grow` and is not a stop.
+        ``grow`` (an elastic run's capacity returned) calls :attr:`on_grow` and is not a stop;
+        ``busy`` (another node's rank builds an op) is returned for the agent's hang clock.
         """
         if self.broken:
-            return True
+            return "stop"
         try:
             op = self._framed.receive().get("op")
         except (ChannelError, OSError, EOFError):
-            return True
+            return "stop"
         if op == "grow" and self.on_grow is not None:
             self.on_grow()
-        return bool(op == "stop")
+        return op if op in ("stop", "busy") else None
 
     def close(self) -> None:
         """Close the connection."""

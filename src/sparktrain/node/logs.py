@@ -9,7 +9,9 @@ error message when it dies without a traceback.
 A third stream, ``"report"``, carries ``sparktrain.report()`` records as JSON lines: they are not
 printed but parsed and handed to :meth:`LogSink.reports`, which passes them to the run's
 :class:`Monitor` (on the driver: the progress bar, ``on_report``) or, inside a
-Spark task, sends them to the driver. While a progress bar is drawn, lines are written around it.
+Spark task, sends them to the driver. A ``busy`` record (a rank building a C++ op) is not a
+report: it goes to :meth:`LogSink.busy`, which a remote node's sink passes on to the driver. While
+a progress bar is drawn, lines are written around it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import json
 import sys
 from contextlib import AbstractContextManager
 from typing import Any, Literal, Protocol, TextIO
+
+from sparktrain.rank.reporting import BUSY
 
 Stream = Literal["stdout", "stderr", "report"]
 
@@ -106,6 +110,10 @@ class LogSink:
                     record = json.loads(line)
                     if isinstance(record, dict):
                         records.append(record)
+            busy = [r[BUSY] for r in records if BUSY in r]
+            if busy:
+                self.busy(rank, str(busy[-1]))
+            records = [r for r in records if BUSY not in r]
             if records:
                 self.reports(rank, records)
             return
@@ -122,6 +130,9 @@ class LogSink:
         with self.monitor.around_bar() if self.monitor else contextlib.nullcontext():
             target.write("".join(f"{prefix}{line}\n" for line in lines))
             target.flush()
+
+    def busy(self, rank: int, reason: str) -> None:
+        """``rank`` is busy with ``reason`` (its agent already counted it as progress)."""
 
     def reports(self, rank: int, records: list[dict[str, Any]]) -> None:
         """Hand ``rank``'s parsed reports on (to the monitor; a Spark task sends them)."""

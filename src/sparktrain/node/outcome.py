@@ -7,7 +7,7 @@ fork server client) into the driver.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 from sparktrain.errors import StackSite
 
@@ -39,8 +39,12 @@ class Control(Protocol):
         """Descriptor to wait on."""
         ...
 
-    def stop_requested(self) -> bool:
-        """Read what arrived; ``True`` if it asks the node to stop (or the channel closed)."""
+    def receive(self) -> Literal["stop", "busy"] | None:
+        """Read what arrived: ``"stop"``, ``"busy"`` or ``None``.
+
+        ``"stop"`` also for a closed channel; ``"busy"`` when a rank of another node builds an
+        op, which is progress for this node's ranks too, since they wait for it.
+        """
         ...
 
 

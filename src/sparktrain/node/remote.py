@@ -10,6 +10,7 @@ its ranks when the driver says so or the channel breaks, and returns the node's 
 from __future__ import annotations
 
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,9 @@ from sparktrain.node.report import NodeReport
 from sparktrain.node.runner import NodeRun, grow_path
 from sparktrain.node.spec import NodeSpec, Place
 
+#: Seconds between the ``busy`` messages a node sends the driver (its ranks send one a second).
+BUSY_EVERY = 1.0
+
 
 class ChannelSink(LogSink):
     """Sends each rank's lines and reports to the driver instead of printing them."""
@@ -28,6 +32,14 @@ class ChannelSink(LogSink):
         """Forward the lines of ``shown`` ranks over ``channel``."""
         super().__init__(shown)
         self.channel = channel
+        self._busy_sent = 0.0
+
+    def busy(self, rank: int, reason: str) -> None:
+        """Tell the driver (at most once a second), which tells every node to count it."""
+        now = time.monotonic()
+        if now - self._busy_sent >= BUSY_EVERY:
+            self._busy_sent = now
+            self.channel.send({"kind": "busy", "rank": rank, "reason": reason})
 
     def write(self, rank: int, stream: Stream, lines: list[str]) -> None:
         """Send the lines (prefixing happens on the driver)."""

@@ -13,11 +13,9 @@ Nothing else in sparktrain passes values through environment variables.
 
 from __future__ import annotations
 
-import datetime
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 #: Variables owned by the contract: removed from the caller's environment before a rank's are set.
 CONTRACT_VARS = (
@@ -172,13 +170,6 @@ def contract_int(name: str, default: int) -> int:
     return int(os.environ.get(name, "") or default)
 
 
-def contract_store(timeout_s: float = 600) -> Any:
-    """Inside a rank: a client of the run's TCPStore (``MASTER_ADDR:MASTER_PORT``)."""
-    from torch.distributed import TCPStore  # type: ignore[attr-defined]
-
-    return TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        is_master=False,
-        timeout=datetime.timedelta(seconds=timeout_s),
-    )
+def contract_store_address() -> tuple[str, int]:
+    """Inside a rank: where the run's store listens (``MASTER_ADDR``, ``MASTER_PORT``)."""
+    return os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])

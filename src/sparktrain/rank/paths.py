@@ -27,3 +27,8 @@ def error_path(run_dir: str, rank: int) -> Path:
 def stack_path(run_dir: str, rank: int) -> Path:
     """Where ``rank`` dumps its Python stacks on SIGUSR1."""
     return Path(run_dir) / f"rank-{rank}.stack"
+
+
+def wait_path(run_dir: str, rank: int) -> Path:
+    """Where ``rank`` names a build lock it waits on that no process holds (for a hang report)."""
+    return Path(run_dir) / f"rank-{rank}.wait"

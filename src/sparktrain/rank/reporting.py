@@ -41,6 +41,9 @@ _pipe = _Pipe()
 
 #: The metric rank 0 of an elastic run reports when it resumed from a checkpoint (its step).
 RESUMED_METRIC = "sparktrain.resumed_step"
+#: The key of a record that says the rank is busy with work it has no steps for (a C++ build):
+#: it counts as progress for ``hang_timeout`` on every node of the run, and is not a report.
+BUSY = "busy"
 
 
 def attach(fd: int) -> None:
@@ -69,6 +72,19 @@ def report(step: int | None = None, total: int | None = None, **metrics: Any) ->
     if now - _pipe.last_write >= MIN_INTERVAL or (step is not None and step == total):
         _pipe.last_write = now
         flush()
+
+
+def busy(reason: str) -> None:
+    """Tell the agent that this rank is busy with ``reason``, which is progress (thread-safe).
+
+    Written at once and never coalesced: a report held back stays held back. A line shorter
+    than the pipe's atomic size, so it never interleaves with another thread's report.
+    """
+    if _pipe.fd is None:
+        return
+    line = json.dumps({BUSY: reason[:200], "time": time.time()}).encode() + b"\n"
+    with contextlib.suppress(BlockingIOError, BrokenPipeError):
+        os.write(_pipe.fd, line)
 
 
 def flush() -> None:

@@ -25,7 +25,6 @@ import os
 import pickle
 import runpy
 import signal
-import socket
 import sys
 import threading
 import time
@@ -39,8 +38,8 @@ import cloudpickle
 from sparktrain import procfs
 from sparktrain.horovod import alias
 from sparktrain.launchplan.entrypoint import ScriptEntry
-from sparktrain.rank import process_groups, reporting
-from sparktrain.rank.paths import error_path, payload_path, result_path, stack_path
+from sparktrain.rank import extensions, process_groups, reporting, stores
+from sparktrain.rank.paths import error_path, payload_path, result_path, stack_path, wait_path
 
 _PR_SET_PDEATHSIG = 1
 _stack_file: Any = None
@@ -152,17 +151,12 @@ def _become_caller(req: RankRequest) -> None:
 
 def _host_store(req: RankRequest, listen_fd: int) -> Any:
     """Start the run's TCPStore on the socket the agent bound (so the port is never raced)."""
-    from torch.distributed import TCPStore  # type: ignore[attr-defined]
-
-    listener = socket.socket(fileno=listen_fd)
-    return TCPStore(
+    return stores.host_store(
+        listen_fd,
         req.env["MASTER_ADDR"],
         int(req.env["MASTER_PORT"]),
         int(req.env["WORLD_SIZE"]),
-        is_master=True,
-        timeout=datetime.timedelta(seconds=req.store_timeout),
-        wait_for_workers=False,
-        master_listen_fd=listener.detach(),
+        req.store_timeout,
     )
 
 
@@ -286,6 +280,8 @@ def _run_and_record(req: RankRequest, fds: RankFds, caller: int) -> int:
         _become_caller(req)
         process_groups.install()
         reporting.attach(fds.report)
+        stores.install()
+        extensions.install(wait_path(req.run_dir, req.rank))
         if req.data_path is not None:
             from sparktrain.data import shard
 

@@ -80,11 +80,19 @@ def _repeat(pattern: Pattern, label: str, count: int, **options: Any) -> Row:
 
 
 def plain_rows(count: int) -> list[Row]:
+    warm_up = Row("warm-up")
+    _one(PLAIN[0], warm_up)  # this caller's fork server starts: reported, not counted
+    log(f"first launch of this caller (its fork server starts): {warm_up.durations[0]:.3f} s")
     return [_repeat(p, p.name, count) for p in PLAIN]
 
 
 def heavy_rows(count: int) -> list[Row]:
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "sparktrain-ext"))
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is not None:  # as the docs say: build ops ahead
+        log("sparktrain doctor --build-ops")
+        command = [sys.executable, "-m", "sparktrain", "doctor", "--build-ops", "--cpu"]
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     return [_repeat(p, p.name, count) for p in HEAVY]
 
 

@@ -44,7 +44,15 @@ def descendants(pid: int) -> set[int]:
         return set()
 
 
-_LONG_LIVED = ("java", "pyspark.daemon", "pyspark.worker", "sparktrain.node.forkserver")
+_LONG_LIVED = (
+    "java",
+    "pyspark.daemon",
+    "pyspark.worker",
+    "sparktrain.node.forkserver",
+    "ray::",  # Ray's workers and agents, reused by Ray (a cluster fixture stops them at its end)
+    "site-packages/ray/",
+    "bin/ray start",
+)
 
 
 def _cmdline(pid: int) -> str:
@@ -66,7 +74,8 @@ def _parent(pid: int) -> int:
 def _leaked(pid: int) -> bool:
     """A rank (a child of a fork server), or a process that nothing of ours keeps on purpose.
 
-    Spark's JVMs, its reused Python workers and idle fork servers live on by design.
+    Spark's JVMs, its reused Python workers, Ray's processes and idle fork servers live on by
+    design.
     """
     if "sparktrain.node.forkserver" in _cmdline(_parent(pid)):
         return True

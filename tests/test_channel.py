@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import select
 import socket
 import time
 
@@ -95,7 +96,9 @@ def test_late_agent_hears_grow_and_a_silent_end_is_lost() -> None:
         client.send({"kind": "hello", "node": 1, "host": "h1", "ranks": [1]})
         assert server.messages.get(timeout=5)["kind"] == "hello"
         client.close()  # gone without a bye: its process or machine went away
-        assert server.messages.get(timeout=5) == {"kind": "lost", "node": 1, "host": "h1"}
+        lost = server.messages.get(timeout=5)
+        assert lost["kind"] == "lost" and (lost["node"], lost["host"]) == (1, "h1")
+        assert not lost["silent"] and "without a goodbye" in lost["why"]
         polite = ChannelClient(server.address, b"g" * 32)
         polite.send({"kind": "hello", "node": 0, "host": "h0", "ranks": [0]})
         polite.send({"kind": "bye", "node": 0})
@@ -103,6 +106,34 @@ def test_late_agent_hears_grow_and_a_silent_end_is_lost() -> None:
         assert [server.messages.get(timeout=5)["kind"] for _ in range(2)] == ["hello", "bye"]
         time.sleep(0.3)
         assert server.messages.empty()  # a node that said bye is not lost
+    finally:
+        server.close()
+
+
+def test_a_silent_node_is_lost_and_a_node_that_hears_nothing_is_cut_off() -> None:
+    """Heartbeats both ways: silence past the bound is a loss on one side, a cut-off on the
+    other; a quiet node that still beats is neither."""
+    server = ChannelServer("127.0.0.1", b"h" * 32, silence=2.0)
+    try:
+        client = ChannelClient(server.address, b"h" * 32, silence=2.0)
+        client.send({"kind": "hello", "node": 1, "host": "h1", "ranks": [1]})
+        assert server.messages.get(timeout=5)["kind"] == "hello"
+        time.sleep(3.0)  # longer than the bound, but the client's beats keep it alive
+        assert server.messages.empty()
+        while select.select([client], [], [], 0)[0]:
+            assert client.receive() is None  # the driver's beats: nothing for the agent
+        deadline = client.deadline()
+        assert deadline is not None and deadline > time.monotonic()
+        client.closed = True  # its beats stop, as when the network between them goes down
+        started = time.monotonic()
+        lost = server.messages.get(timeout=10)
+        assert lost["kind"] == "lost" and lost["silent"] and "sent nothing for 2s" in lost["why"]
+        assert 1.0 < time.monotonic() - started < 4.0
+        mute = ChannelClient(server.address, b"h" * 32, silence=1.5)
+        time.sleep(2.0)  # nothing read: the driver's beats wait unread, as if cut off
+        assert mute.deadline() is not None and mute.deadline() < time.monotonic()  # type: ignore[operator]
+        mute.close()
+        client._sock.close()
     finally:
         server.close()
 

@@ -288,6 +288,40 @@ def test_below_the_floor_is_a_capacity_error_at_once() -> None:
     assert seen == [(0, 3)]
 
 
+def _refused_at_start(rank: int = 1) -> TrainingFailedError:
+    """A rank whose process group could not form: its peer announced a loopback address."""
+    message = (
+        "Gloo connectFullMesh failed with [pair.cc:152] timed out connecting: SO_ERROR: "
+        "Connection refused, remote=[127.0.0.1]:41221"
+    )
+    tb = f'  File "train.py", line 3, in train\n    dist.init_process_group("gloo")\n{message}\n'
+    refused = RankFailure(rank, "10.0.0.3", 1.0, "RuntimeError", message, tb, 1)
+    return TrainingFailedError(refused, (0,), {rank: refused})
+
+
+def test_a_group_that_cannot_form_twice_at_one_size_is_the_set_up_not_a_loss(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    refused = _refused_at_start()
+    assert refused.cause == "infrastructure"  # a connection error, as a vanished peer is
+    text = str(refused)
+    assert "hint: the ranks could not connect to each other while the process group formed" in text
+    assert "(it tried 127.0.0.1:41221). 127.0.0.1 is a loopback address" in text
+    assert "GLOO_SOCKET_IFNAME" in text and "NCCL_SOCKET_IFNAME" in text
+    seen, attempt = _attempts(refused, refused, None)  # elastic: the size does not change
+    with pytest.raises(TrainingFailedError) as caught:
+        _run(attempt, size=2, min_processes=1)
+    assert seen == [(0, 2), (1, 2)] and caught.value.attempts == 2
+    assert "the network's set-up, not a lost node" in capsys.readouterr().err
+    seen, attempt = _attempts(refused, refused, None)  # max_restarts: the same
+    with pytest.raises(TrainingFailedError):
+        _run(attempt, restarts=5)
+    assert len(seen) == 2
+    peer_gone = TrainingFailedError(_failure(0, 1.0, "[gloo] Connection closed by peer"), (), {})
+    seen, attempt = _attempts(peer_gone, peer_gone, None)  # after the start: a loss, twice
+    assert _run(attempt, size=2, min_processes=1).attempts == 3
+
+
 def test_rescales_are_bounded() -> None:
     backend = FakeBackend(2)
     seen, attempt = _attempts(*[ClusterError("lost")] * 3, backend=backend)

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import FAST_JVM
 from sparktrain.doctor import run_checks
-from sparktrain.doctor.probe import probe_verdict
+from sparktrain.doctor.probe import network_verdict, probe_verdict
 from sparktrain.doctor.spark_checks import gpu_settings_check
 from sparktrain.doctor.system import shm_check
 
@@ -212,8 +212,24 @@ def test_probe_runs_a_real_barrier_stage(spark: Any) -> None:
     assert len(rows) == 2
     assert {r["executable"] for r in rows} == {sys.executable}
     assert {r["torch"] for r in rows} == {metadata.version("torch")}
+    network = report.get("spark.network")  # local-cluster: every task on this host
+    assert network.verdict == "ok" and network.facts["addresses"] == ["127.0.0.1"], network.found
+    assert network.facts["interfaces"] == {"127.0.0.1": "lo"}
     skipped = run_checks(spark, processes=8, probe=True).get("spark.probe")
     assert skipped.verdict == "info" and "not run" in skipped.found
+
+
+def test_network_verdict_names_a_host_name_on_loopback_across_hosts() -> None:
+    row = {"host": "vm", "resolved": "127.0.0.1", "address": "10.0.0.2", "interface": "eth1"}
+    other = {**row, "address": "10.0.0.3"}
+    check = network_verdict([row, other])
+    assert check.verdict == "warning" and "host name vm resolves to 127.0.0.1" in check.found
+    assert "remote=[127.0.0.1]" in check.found and check.fix.startswith("map vm to 10.0.0.2")
+    assert network_verdict([row]).verdict == "ok"  # one host: nothing crosses a network
+    routed = [{**row, "resolved": "10.0.0.2"}, {**other, "resolved": "10.0.0.3"}]
+    assert network_verdict(routed).verdict == "ok"
+    natted = network_verdict([routed[0], {**routed[1], "interface": ""}])
+    assert natted.verdict == "warning" and "GLOO_SOCKET_IFNAME" in natted.fix
 
 
 def test_probe_verdict_names_the_missing_package() -> None:

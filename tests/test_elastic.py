@@ -156,6 +156,39 @@ def test_a_lost_node_shrinks_the_run_and_a_returned_one_grows_it(
     assert cluster.node_pids() == {}
 
 
+def test_a_node_gone_silent_is_lost_within_the_heartbeat_timeout(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A frozen node (every process SIGSTOPped: as a machine that hangs, or that the network cut
+    off) closes nothing: only the missing heartbeats tell. The run shrinks within the bound."""
+    data_dir = write_rows(tmp_path / "data")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    cluster = LocalCluster(nodes=2)
+    frozen: list[float] = []
+
+    def on_report(rank: int, record: dict[str, Any]) -> None:
+        metrics = record.get("metrics") or {}
+        if rank == 0 and metrics.get("world") == 2 and record.get("step") == 8 and not frozen:
+            frozen.append(time.monotonic())
+            assert cluster.freeze_node(1) is not None
+
+    result = launch(
+        elastic_train, (data_dir, str(tmp_path / "ckpt"), str(logs), 0.15), num_processes=2,
+        backend=cluster, min_processes=1, heartbeat_timeout=3.0, on_report=on_report,
+        progress=False,
+    )  # fmt: skip
+    assert frozen, "node 1 was never frozen"
+    [lost] = result.rescales
+    assert (lost.cause, lost.old_world_size, lost.new_world_size) == ("lost", 2, 1)
+    assert "sent nothing for 3s" in lost.detail and "node 1" in lost.detail
+    assert 2.5 < lost.at - (time.time() - (time.monotonic() - frozen[0])) < 8.0
+    assert sorted(committed_ids(logs)) == list(range(ROWS))  # exactly once
+    assert cluster.nodes_up == [0]  # marked down: a new attempt does not use it
+    assert cluster.node_pids() == {}
+    assert "sparktrain: elastic: lost node 1" in capfd.readouterr().err
+
+
 def raises_on_rank_1() -> None:
     import torch.distributed as dist
 

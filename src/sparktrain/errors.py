@@ -238,6 +238,39 @@ def is_connection_error(message: str) -> bool:
     return bool(_CONNECTION.search(message))
 
 
+_FORMING = re.compile(r"connectFullMesh|init_process_group|rendezvous|new_group|TCPStore")
+_REMOTE = re.compile(r"remote=\[?([0-9A-Fa-f.:]+?)\]?:(\d+)")
+
+
+def failed_forming_group(failure: RankFailure) -> bool:
+    """Whether ``failure`` is a connection that failed while the process group formed.
+
+    That is before any collective: the ranks never reached each other, which a lost node
+    does not explain when every node is still there. It is the network's set-up.
+    """
+    text = f"{failure.message}\n{failure.traceback}"
+    return is_connection_error(text) and bool(_FORMING.search(text))
+
+
+def _forming_hint(failure: RankFailure) -> str:
+    found = _REMOTE.search(f"{failure.message}\n{failure.traceback}")
+    tried = f" (it tried {found.group(1)}:{found.group(2)})" if found else ""
+    loopback = ""
+    if found and (found.group(1).startswith("127.") or found.group(1) in ("::1", "localhost")):
+        loopback = (
+            f" {found.group(1)} is a loopback address: that peer's host name resolves to "
+            "loopback on its machine, so its device announced an address no other host reaches."
+        )
+    return (
+        f"hint: the ranks could not connect to each other while the process group formed"
+        f"{tried}.{loopback} gloo and NCCL announce the address of the interface that "
+        "GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME name; sparktrain sets them to the interface "
+        "of each node's address unless you do. Set them to the interface by which the nodes "
+        "reach each other, e.g. env={'GLOO_SOCKET_IFNAME': 'eth1', 'NCCL_SOCKET_IFNAME': "
+        "'eth1'}, or fix the host name's address (`sparktrain doctor` checks it)."
+    )
+
+
 _CAUSES = {
     "training code": "training code (a Python exception raised by it: a bug, which "
     "max_restarts may retry but an elastic run never rescales for)",
@@ -278,6 +311,8 @@ def _describe(culprit: RankFailure | None, victims: tuple[int, ...], attempts: i
         lines[0] += f" (attempt {attempts} of {attempts})"
     lines.append(f"victims (stopped because of it): {_ranks(victims)}")
     lines.append(f"cause: {_CAUSES[_cause_of(culprit)]}")
+    if failed_forming_group(culprit):
+        lines.append(_forming_hint(culprit))
     if culprit.traceback:
         lines += ["", f"Traceback of rank {culprit.rank}:", culprit.traceback.rstrip()]
     elif culprit.log_tail:

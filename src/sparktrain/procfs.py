@@ -42,3 +42,21 @@ def running(pid: int | str) -> bool:
     """Whether ``pid`` exists and is not a zombie."""
     fields = stat_fields(pid)
     return bool(fields) and fields[STATE] not in (b"Z", b"X")  # type: ignore[index]
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (children first), from one scan of ``/proc``."""
+    import os
+
+    parents: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            parent = parent_of(entry.name)
+            if parent is not None:
+                parents.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        children = parents.get(todo.pop(), [])
+        found += children
+        todo += children
+    return [p for p in found if running(p)]

@@ -120,7 +120,7 @@ def _spark(
             )
         else:
             tasks = int(found[-1].facts.get("tasks", 1)) if processes else 1
-            found.append(probe_check(session, tasks))
+            found += probe_check(session, tasks)
     return found
 
 

@@ -1,6 +1,8 @@
 """A real barrier stage on the cluster: do its tasks start together, and can they run ranks?
 
-Each task reports its Python (version, executable) and whether sparktrain and torch are there.
+Each task reports its Python (version, executable), whether sparktrain and torch are there, and
+its network: its address as Spark knows it, what its host name resolves to, and the interface
+that holds the address (which sparktrain's ranks bind gloo and NCCL to).
 
 Design choices:
 - The same call as a launch, ``session.range(0, n, 1, n).mapInArrow(fn, ..., barrier=True)``,
@@ -24,7 +26,10 @@ from typing import Any
 
 from sparktrain.doctor.verdicts import Check
 
-SCHEMA = "host string, python string, executable string, sparktrain string, torch string"
+SCHEMA = (
+    "host string, python string, executable string, sparktrain string, torch string, "
+    "address string, resolved string, interface string"
+)
 PYTHON_FIX = (
     "point the executors at a Python with sparktrain and torch: PYSPARK_PYTHON (or "
     "spark.executorEnv.PYSPARK_PYTHON / spark.pyspark.python), and pip install sparktrain on "
@@ -33,6 +38,8 @@ PYTHON_FIX = (
 
 
 def _task_function() -> Any:
+    columns = [part.split()[0] for part in SCHEMA.split(",")]
+
     def task(batches: Iterator[Any]) -> Iterator[Any]:
         import importlib.util
         import socket
@@ -44,7 +51,16 @@ def _task_function() -> Any:
 
         for _ in batches:
             pass
+        context = BarrierTaskContext.get()
+        address = context.getTaskInfos()[context.partitionId()].address.rsplit(":", 1)[0]
+        try:
+            resolved = socket.gethostbyname(socket.gethostname())
+        except OSError as exc:
+            resolved = f"error: {exc}"
         row = {
+            "address": address,
+            "resolved": resolved,
+            "interface": "",
             "host": socket.gethostname(),
             "python": ".".join(map(str, sys.version_info[:3])),
             "executable": sys.executable,
@@ -53,14 +69,17 @@ def _task_function() -> Any:
             import sparktrain
 
             row["sparktrain"] = sparktrain.__version__
+            from sparktrain.node.interfaces import interface_of
+
+            row["interface"] = interface_of(address) or ""
         except Exception as exc:  # any failure to import is the finding
             row["sparktrain"] = f"error: {type(exc).__name__}: {exc}"
         if importlib.util.find_spec("torch") is None:
             row["torch"] = "error: not installed"
         else:
             row["torch"] = metadata.version("torch")
-        BarrierTaskContext.get().barrier()  # every task is running at the same time
-        yield pa.RecordBatch.from_pylist([row])
+        context.barrier()  # every task is running at the same time
+        yield pa.RecordBatch.from_pylist([{k: row[k] for k in columns}])  # the schema's order
 
     return task
 
@@ -104,7 +123,65 @@ def probe_verdict(rows: Sequence[dict[str, str]], *, driver_python: str | None =
     )
 
 
-def probe_check(session: Any, tasks: int, *, timeout: float = 120.0) -> Check:
+def network_verdict(rows: Sequence[dict[str, str]]) -> Check:
+    """The verdict on the tasks' network.
+
+    A warning for a host name that resolves to loopback where the tasks run on several hosts
+    (the trap of runs across hosts), or for an address that no interface holds.
+    """
+    addresses = sorted({r["address"] for r in rows})
+    facts: dict[str, object] = {
+        "addresses": addresses,
+        "interfaces": {r["address"]: r["interface"] for r in rows},
+    }
+    if len(addresses) < 2:
+        return Check(
+            name="spark.network",
+            verdict="ok",
+            found=f"the tasks ran on one host ({', '.join(addresses)}): no traffic between hosts",
+            facts=facts,
+        )
+    loopback = [r for r in rows if r["resolved"].startswith("127.") or r["resolved"] == "::1"]
+    if loopback:
+        first = loopback[0]
+        return Check(
+            name="spark.network",
+            verdict="warning",
+            found=f"on {first['address']}, host name {first['host']} resolves to "
+            f"{first['resolved']} (loopback), and the tasks run on {len(addresses)} hosts: "
+            f"launchers that let gloo pick its device (pyspark's TorchDistributor, torchrun) fail "
+            f"there with 'Connection refused, remote=[{first['resolved']}]'. sparktrain's ranks "
+            f"bind to the interface of the task's address ({first['interface'] or '?'}), set "
+            "for them as GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME",
+            fix=f"map {first['host']} to {first['address']} on that host (/etc/hosts, or DNS), "
+            "and likewise on every host",
+            facts={**facts, "loopback": [r["address"] for r in loopback]},
+        )
+    unheld = [r for r in rows if not r["interface"]]
+    if unheld:
+        first = unheld[0]
+        return Check(
+            name="spark.network",
+            verdict="warning",
+            found=f"on {first['address']}, no network interface holds the task's address "
+            f"{first['address']} (NAT, a proxy?): sparktrain cannot choose gloo's and NCCL's "
+            "interface there",
+            fix="name it yourself: spark.executorEnv.GLOO_SOCKET_IFNAME and "
+            "NCCL_SOCKET_IFNAME (or the launch's env=) set to the interface the hosts reach each "
+            "other by",
+            facts=facts,
+        )
+    names = sorted({f"{r['address']} on {r['interface']}" for r in rows})
+    return Check(
+        name="spark.network",
+        verdict="ok",
+        found=f"the tasks ran on {len(addresses)} hosts, each address on an interface, which "
+        f"its ranks bind gloo and NCCL to: {', '.join(names)}",
+        facts=facts,
+    )
+
+
+def probe_check(session: Any, tasks: int, *, timeout: float = 120.0) -> list[Check]:
     """Run a barrier stage of ``tasks`` tasks on ``session`` and judge what they report."""
     from sparktrain.driver.spark import summarise_job_error
 
@@ -129,20 +206,26 @@ def probe_check(session: Any, tasks: int, *, timeout: float = 120.0) -> Check:
     if thread.is_alive():
         with contextlib.suppress(Exception):
             session.interruptTag(tag)
-        return Check(
-            name="spark.probe",
-            verdict="error",
-            found=f"a barrier stage of {tasks} task(s) did not finish in {timeout:g}s",
-            fix="check that the cluster has that many free task slots (other jobs may hold "
-            "them) and the executors' logs",
-            facts={"tasks": tasks},
-        )
+        return [
+            Check(
+                name="spark.probe",
+                verdict="error",
+                found=f"a barrier stage of {tasks} task(s) did not finish in {timeout:g}s",
+                fix="check that the cluster has that many free task slots (other jobs may hold "
+                "them) and the executors' logs",
+                facts={"tasks": tasks},
+            )
+        ]
     if "error" in box:
-        return Check(
-            name="spark.probe",
-            verdict="error",
-            found=f"a barrier stage of {tasks} task(s) failed: {summarise_job_error(box['error'])}",
-            fix="pandas and pyarrow must be installed on the executors; " + PYTHON_FIX,
-            facts={"tasks": tasks},
-        )
-    return probe_verdict([row.asDict() for row in box["rows"]])
+        return [
+            Check(
+                name="spark.probe",
+                verdict="error",
+                found=f"a barrier stage of {tasks} task(s) failed: "
+                f"{summarise_job_error(box['error'])}",
+                fix="pandas and pyarrow must be installed on the executors; " + PYTHON_FIX,
+                facts={"tasks": tasks},
+            )
+        ]
+    rows = [row.asDict() for row in box["rows"]]
+    return [probe_verdict(rows), network_verdict(rows)]

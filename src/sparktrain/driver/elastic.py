@@ -40,6 +40,7 @@ from sparktrain.errors import (
     GrowBack,
     TrainingFailedError,
     TrainingTimeoutError,
+    failed_forming_group,
 )
 from sparktrain.launchplan.layout import LaunchPlan
 from sparktrain.launchplan.options import RunOptions
@@ -79,6 +80,7 @@ def run_attempts(
     """
     log = _Rescales(monitor)
     restarts, number, current = 0, 0, plan
+    forming: set[int] = set()  # sizes at which the ranks failed to form their group once
 
     def shrink(why: str) -> LaunchPlan:
         ended = time.time()
@@ -106,6 +108,17 @@ def run_attempts(
                 raise
             current = shrink(_first(error))
         except (TrainingFailedError, ClusterError) as error:
+            if isinstance(error, TrainingFailedError) and repeated_setup_fault(
+                error, current.world_size, forming
+            ):
+                error.attempts = number + 1
+                _say(
+                    "sparktrain: the ranks failed to connect while their process group formed, "
+                    f"twice at {current.world_size} rank(s) with every node there: that is the "
+                    "network's set-up, not a lost node; not restarting or rescaling",
+                    monitor,
+                )
+                raise
             lost = options.elastic and error.cause == "infrastructure"
             if lost and len(log.entries) < options.max_rescales:
                 current = shrink(_loss(error))
@@ -127,6 +140,22 @@ def run_attempts(
                     )
                 raise
         number += 1
+
+
+def repeated_setup_fault(error: TrainingFailedError, size: int, seen: set[int]) -> bool:
+    """Whether ``error`` failed to form the process group a second time at ``size`` ranks.
+
+    Such a failure (a connection refused in ``init_process_group``, every node still there) is
+    noted in ``seen`` the first time, which may be a passing fault; the second time at the same
+    size it is the set-up (a host name resolving to loopback, a firewall), which no restart and
+    no rescale mends.
+    """
+    if error.culprit is None or not failed_forming_group(error.culprit):
+        return False
+    if size in seen:
+        return True
+    seen.add(size)
+    return False
 
 
 def fit(

@@ -6,8 +6,10 @@ pass it as ``backend=`` to ``launch`` (or a front door). Each node of an attempt
 code as a Spark task or a Ray actor (a fork server, the agent, the authenticated channel to this
 driver on loopback). :meth:`LocalCluster.kill_node` SIGKILLs a node's whole process group, the
 way a preempted machine disappears, and marks it down, so that the capacity an elastic run sees
-shrinks; :meth:`LocalCluster.add_node` brings one back. Tests and ``benchmarks/elastic.py`` use it
-to lose and regain a "node" without a cluster manager.
+shrinks; :meth:`LocalCluster.freeze_node` stops all of a node's processes (SIGSTOP), the way a
+machine that hangs or is cut off by the network goes silent: the driver finds it lost after the
+run's ``heartbeat_timeout`` and marks it down. :meth:`LocalCluster.add_node` brings one back.
+Tests and ``benchmarks/elastic.py`` use it to lose and regain a "node" without a cluster manager.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import ClassVar
 
 import cloudpickle
 
+from sparktrain import procfs
 from sparktrain.driver.backend import Attempt, Backend, Nodes, Polled
 from sparktrain.driver.remote import RemoteNodes
 from sparktrain.errors import ClusterConfigError, ConfigError
@@ -63,18 +66,47 @@ class LocalCluster(Backend):
         Returns:
             The PID of the node process killed, or ``None`` when none ran there.
         """
+        process = self._process(node, down=True)
+        if process is None:
+            return None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        return process.pid
+
+    def freeze_node(self, node: int) -> int | None:
+        """Make node ``node`` go silent: SIGSTOP its agent, fork server and ranks.
+
+        Nothing of it dies or closes a connection, as when a machine hangs or the network cuts
+        it off: the driver notices only by the missing heartbeats (``heartbeat_timeout``), then
+        marks the node down and kills its processes.
+
+        Returns:
+            The PID of the node process frozen, or ``None`` when none ran there.
+        """
+        process = self._process(node, down=False)
+        if process is None:
+            return None
+        for pid in [process.pid, *procfs.descendants(process.pid)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        return process.pid
+
+    def _process(self, node: int, *, down: bool) -> subprocess.Popen[bytes] | None:
+        """Node ``node``'s running process (``None``: none), after marking it down if asked."""
         with self._lock:
             if not 0 <= node < len(self._up):
                 raise ConfigError(
                     f"node={node} is not a node of this cluster (0..{len(self._up) - 1})."
                 )
-            self._up[node] = False
+            self._up[node] = self._up[node] and not down
             process = self._running.get(node)
-        if process is None or process.poll() is not None:
-            return None
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        return process.pid
+        return process if process is not None and process.poll() is None else None
+
+    def mark_down(self, node: int) -> None:
+        """Count node ``node`` as down (the driver lost it by silence): no new attempt uses it."""
+        with self._lock:
+            if 0 <= node < len(self._up):
+                self._up[node] = False
 
     def add_node(self) -> int:
         """Bring a node (back) up: the first one down, else a new one; its index."""
@@ -153,6 +185,7 @@ class LocalClusterNodes(RemoteNodes):
         self.reports: dict[int, NodeReport] = {}
         self.slots: list[int] = []
         self.killed: set[int] = set()
+        self.silent: dict[int, str] = {}  # lost by silence (why), then killed here
         try:
             self.slots = cluster._claim(self.plan.nodes)
             listener = bind_rendezvous(LOOPBACK)
@@ -189,8 +222,18 @@ class LocalClusterNodes(RemoteNodes):
         return os.path.join(self.folder, f"node-{node}.report")
 
     def poll(self, wait: float) -> Polled:
-        """Show what the nodes sent; collect the reports of the node processes that ended."""
+        """Show what the nodes sent; collect the reports of the node processes that ended.
+
+        A node lost by silence is marked down in the cluster (as Spark is told to drop a cut-off
+        executor), and its processes, which may be frozen, are killed.
+        """
         failed = self.pump(wait)
+        for host, why in self.printer.silent_hosts.items():
+            slot = int(host.removeprefix("node"))
+            self.cluster.mark_down(slot)
+            self.silent[self.slots.index(slot)] = why
+            self._kill(self.procs[self.slots.index(slot)])
+        self.printer.silent_hosts.clear()
         for node, process in self.procs.items():
             if node in self.reports or process.poll() is None:
                 continue
@@ -205,6 +248,8 @@ class LocalClusterNodes(RemoteNodes):
 
     def _ended(self, node: int, code: int) -> NodeReport:
         host = f"node{self.slots[node]}"
+        if node in self.silent:
+            return NodeReport.broken(node, host, self.silent[node])
         if node in self.killed:
             return NodeReport.killed(node, host, self.spec.ranks_of(node))
         try:
@@ -225,15 +270,26 @@ class LocalClusterNodes(RemoteNodes):
         for node, process in self.procs.items():
             if process.poll() is None:
                 self.killed.add(node)
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
+                self._kill(process)
+
+    @staticmethod
+    def _kill(process: subprocess.Popen[bytes]) -> None:
+        """SIGKILL a node process's group and every process under it.
+
+        Ranks run in groups of their own, and a frozen fork server could not pass its death on.
+        """
+        below = procfs.descendants(process.pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        for pid in below:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
     def close(self) -> None:
         """Kill what still runs, reap every node process, forget them, close the channel."""
         for process in self.procs.values():
             if process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
+                self._kill(process)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(10)
         with self.cluster._lock:

@@ -133,6 +133,10 @@ class Monitor:
         """For the local node's agent: ``"stop"`` once a stop was requested."""
         return "stop" if self._stop else None
 
+    def deadline(self) -> float | None:
+        """The local node cannot be cut off from its own caller: never."""
+        return None
+
     def close(self) -> None:
         """Leave the bar as it ended and release the pipe."""
         if self._bar is not None:

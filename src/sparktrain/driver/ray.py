@@ -24,8 +24,9 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal
 
@@ -39,6 +40,9 @@ from sparktrain.node.spec import Place
 
 #: How long the placement group may wait for its resources before the launch gives up.
 PLACEMENT_SECONDS = 60.0
+#: How long a node that went silent is left out of layouts and placements (Ray itself declares
+#: an unreachable node dead after its health checks fail, which takes tens of seconds).
+AVOID_SECONDS = 120.0
 INSTALL_HINT = "backend='ray' needs Ray: pip install 'sparktrain[ray]'"
 
 
@@ -68,8 +72,8 @@ class RayNode:
     gpus: int
 
 
-def cluster_nodes(ray: Any) -> list[RayNode]:
-    """The alive nodes of the connected cluster."""
+def cluster_nodes(ray: Any, avoid: Collection[str] = ()) -> list[RayNode]:
+    """The alive nodes of the connected cluster, but those on the hosts ``avoid``."""
     return [
         RayNode(
             str(n["NodeManagerAddress"]),
@@ -77,7 +81,7 @@ def cluster_nodes(ray: Any) -> list[RayNode]:
             int(n["Resources"].get("GPU", 0)),
         )
         for n in ray.nodes()
-        if n.get("Alive")
+        if n.get("Alive") and str(n["NodeManagerAddress"]) not in avoid
     ]
 
 
@@ -138,10 +142,34 @@ class RayBackend(Backend):
         self._lock = threading.Lock()
         #: The resources each running attempt's placement group holds (for :meth:`capacity`).
         self._held: dict[int, dict[str, float]] = {}
+        #: Hosts of nodes that went silent, and when: left out until Ray sees them dead.
+        self._silent: dict[str, float] = {}
+
+    def avoid(self, hosts: Collection[str]) -> None:
+        """Leave the nodes on ``hosts`` out for a while: they went silent (cut off, frozen).
+
+        Ray still counts such a node alive, with its resources free, until its health checks
+        have failed; a new placement there would wait for a node that cannot answer.
+        """
+        with self._lock:
+            self._silent.update(dict.fromkeys(hosts, time.monotonic()))
+
+    def avoided(self) -> dict[str, str]:
+        """The silent hosts still left out, with their Ray node ids (alive in Ray's view)."""
+        with self._lock:
+            now = time.monotonic()
+            self._silent = {h: t for h, t in self._silent.items() if now - t < AVOID_SECONDS}
+            silent = set(self._silent)
+        return {
+            str(n["NodeManagerAddress"]): str(n["NodeID"])
+            for n in self.ray.nodes()
+            if n.get("Alive") and str(n["NodeManagerAddress"]) in silent
+        }
 
     def layout(self, num_processes: object, *, use_gpu: object, name: str) -> LaunchPlan:
         """The fewest nodes that hold the ranks, as many on each, from the nodes alive now."""
-        return make_ray_plan(num_processes, cluster_nodes(self.ray), use_gpu=use_gpu, name=name)
+        nodes = cluster_nodes(self.ray, avoid=self.avoided())
+        return make_ray_plan(num_processes, nodes, use_gpu=use_gpu, name=name)
 
     def capacity(self, plan: LaunchPlan) -> int:
         """The ranks the cluster can hold now: its free CPUs (GPUs), plus those our runs hold.
@@ -154,7 +182,13 @@ class RayBackend(Backend):
         free = float(self.ray.available_resources().get(kind, 0))
         with self._lock:
             held = sum(bundle.get(kind, 0.0) for bundle in self._held.values())
-        return int(free + held)
+        silent = self.avoided().values()
+        if silent:  # what Ray still counts free on a silent node cannot be used
+            from ray._private.state import available_resources_per_node
+
+            free_on = available_resources_per_node()
+            free -= sum(float(free_on.get(node, {}).get(kind, 0)) for node in silent)
+        return max(0, int(free + held))
 
     def start(self, attempt: Attempt) -> Nodes:
         """Place the actors, then start every node's ranks."""
@@ -166,7 +200,7 @@ class RayNodes(RemoteNodes):
 
     def __init__(self, ray: Any, attempt: Attempt, backend: RayBackend | None = None) -> None:
         """Open the channel, place one actor per node and start each node's ranks."""
-        from ray.util.placement_group import placement_group
+        from ray.util.placement_group import NODE_ID_LABEL_KEY, placement_group
 
         super().__init__(attempt, ray.util.get_node_ip_address())
         self.ray = ray
@@ -178,7 +212,16 @@ class RayNodes(RemoteNodes):
         self.killed: set[int] = set()
         self.hosts: list[str] = []
         bundles, strategy = placement(self.plan)
-        self.group = placement_group(bundles, strategy=strategy, name=f"sparktrain-{uuid.uuid4()}")
+        avoided = backend.avoided() if backend is not None else {}
+        selector = (
+            [{NODE_ID_LABEL_KEY: f"!in({','.join(sorted(avoided.values()))})"}] * len(bundles)
+            if avoided
+            else None
+        )
+        self.group = placement_group(
+            bundles, strategy=strategy, name=f"sparktrain-{uuid.uuid4()}",
+            bundle_label_selector=selector,
+        )  # fmt: skip
         try:
             self._run(self._place())
         except BaseException:
@@ -221,13 +264,27 @@ class RayNodes(RemoteNodes):
         master = (places[0][0], places[0][1] or 0)
         self.hosts = [place[0] for place in places]
         for node, (actor, (host, _, gpus, _)) in enumerate(zip(self.actors, places, strict=True)):
-            place = Place(node, host, master, tuple(gpus))
+            place = Place(node, host, master, tuple(gpus), address=host)
             ref = actor.run.remote(self.spec, place, os.environ.get("OMP_NUM_THREADS"))
             self.pending[ref] = node
 
     def poll(self, wait: float) -> Polled:
-        """Show what the nodes sent; collect the reports of nodes that finished."""
+        """Show what the nodes sent; collect the reports of nodes that finished.
+
+        A node lost by silence is reported lost at once (its actor cannot answer), killed as far
+        as Ray can, and left out of the next layouts for a while (:meth:`RayBackend.avoid`).
+        """
         failed = self.pump(wait)
+        for host, why in self.printer.silent_hosts.items():
+            if self.backend is not None:
+                self.backend.avoid([host])
+            for ref, node in list(self.pending.items()):
+                if self.hosts[node] == host:
+                    del self.pending[ref]
+                    self.reports[node] = NodeReport.broken(node, host, why)
+                    with contextlib.suppress(Exception):
+                        self.ray.kill(self.actors[node], no_restart=True)
+        self.printer.silent_hosts.clear()
         if self.pending:
             done, _ = self.ray.wait(list(self.pending), num_returns=len(self.pending), timeout=0)
             for ref in done:

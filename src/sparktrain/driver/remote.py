@@ -41,6 +41,8 @@ class Printer:
         self.byes = 0
         self.first_failure: dict[str, Any] | None = None
         self.lost: list[str] = []
+        #: Hosts of nodes lost by silence (cut off, frozen): their processes may still run.
+        self.silent_hosts: dict[str, str] = {}
 
     def handle(self, message: dict[str, Any]) -> bool:
         """Act on one message; ``True`` when it reports a rank that failed."""
@@ -56,7 +58,10 @@ class Printer:
         elif kind == "bye":
             self.byes += 1
         elif kind == "lost":
-            self.lost.append(f"node {message['node']} on {message['host']}")
+            why = message.get("why", "its process ended without a goodbye")
+            self.lost.append(f"node {message['node']} on {message['host']} ({why})")
+            if message.get("silent"):
+                self.silent_hosts[str(message["host"])] = why
             return True
         failed = bool(kind == "exit" and message["code"] != 0)
         if failed and self.first_failure is None:
@@ -69,7 +74,9 @@ class RemoteNodes(Nodes):
 
     def __init__(self, attempt: Attempt, host: str) -> None:
         """Open the channel on ``host`` (the address at which the nodes reach this process)."""
-        self.channel = ChannelServer(host, secrets.token_bytes(32))
+        self.channel = ChannelServer(
+            host, secrets.token_bytes(32), silence=attempt.options.heartbeat_timeout
+        )
         self.printer = Printer(attempt.options.log_ranks, attempt.monitor)
         self.spec: NodeSpec = attempt.spec(channel=self.channel.address, secret=self.channel.secret)
         self._busy_sent = 0.0

@@ -23,6 +23,7 @@ import cloudpickle
 from sparktrain.driver.backend import Attempt, Backend, Nodes, Polled
 from sparktrain.driver.remote import RemoteNodes
 from sparktrain.driver.spark_conf import check_encryption
+from sparktrain.driver.spark_executors import forget_hosts
 from sparktrain.errors import ClusterError, ConfigError
 from sparktrain.launchplan.front import LAUNCH, FrontDoor
 from sparktrain.launchplan.layout import ClusterFacts, LaunchPlan, make_cluster_plan
@@ -231,6 +232,7 @@ class SparkNodes(RemoteNodes):
     def __init__(self, session: Any, attempt: Attempt) -> None:
         """Open the channel and submit the job (it runs in a helper thread)."""
         super().__init__(attempt, _channel_host(session))
+        self.session = session
         try:
             plan = attempt.plan
             frame = session.range(0, plan.nodes, 1, plan.nodes)
@@ -245,7 +247,8 @@ class SparkNodes(RemoteNodes):
         """Show what the nodes sent; once the job has ended, its nodes' reports (or its error).
 
         A node lost (its executor gone) cancels the job at once: Spark would otherwise resubmit
-        the barrier stage and wait for slots that may never return.
+        the barrier stage and wait for slots that may never return. A node lost by silence (cut
+        off) also has its host's executors removed, which Spark would do only minutes later.
         """
         if self.job.thread.is_alive():
             failed = self.pump(wait)
@@ -253,6 +256,15 @@ class SparkNodes(RemoteNodes):
                 self.cancelled = True
                 self.stop_nodes()
                 self.job.cancel()
+                forget_hosts(self.session, list(self.printer.silent_hosts))
+            if self.printer.silent_hosts:
+                # A cut-off executor cannot end its task: Spark would hold the cancelled job
+                # until it times the executor out (minutes). The attempt is over now; the job
+                # thread ends by itself, and the survivors' tasks as soon as their ranks stop.
+                raise ClusterError(
+                    f"{', '.join(self.printer.lost)}. Its executor was removed, and the other "
+                    "nodes' ranks were stopped."
+                )
             if self.job.thread.is_alive():
                 return Polled(failed=failed)
         if self.job.error is not None:
@@ -282,9 +294,12 @@ class SparkNodes(RemoteNodes):
             self.stop_nodes()
 
     def close(self) -> None:
-        """Cancel the job if it still runs (Ctrl-C), wait a moment for it, close the channel."""
+        """Cancel the job if it still runs (Ctrl-C), wait a moment for it, close the channel.
+
+        Not for a job with a cut-off executor: it ends when Spark times the executor out.
+        """
         if self.job.thread.is_alive():
             self.stop_nodes()
             self.job.cancel()
-            self.job.thread.join(30)
+            self.job.thread.join(2 if self.printer.silent_hosts else 30)
         super().close()

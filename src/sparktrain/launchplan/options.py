@@ -25,6 +25,8 @@ OnReport = Callable[[int, dict[str, Any]], "bool | None"]
 
 #: Seconds a rank that has returned (or raised) gets to exit before it is killed.
 DEFAULT_EXIT_GRACE = 10.0
+#: Seconds a node may be silent on the driver's channel (and the driver on the node's).
+DEFAULT_HEARTBEAT_TIMEOUT = 10.0
 
 
 def _seconds_or_none(name: str, value: object) -> float | None:
@@ -188,6 +190,13 @@ class RunOptions:
         "in an elastic run, how many times it may shrink or grow before a loss fails it",
         cli=int,
     )
+    heartbeat_timeout: float | None = _option(
+        DEFAULT_HEARTBEAT_TIMEOUT,
+        _seconds_or_none,
+        "on a run of several nodes, seconds a node may be silent on the driver's channel (they "
+        "exchange a heartbeat every second) before it is lost; a node that hears nothing from "
+        "the driver that long stops its own ranks (None: no bound)",
+    )
     exit_grace: float = _option(
         DEFAULT_EXIT_GRACE,
         _seconds,
@@ -287,6 +296,7 @@ class RunOptionsArgs(TypedDict, total=False):
     min_processes: int | None
     grow_back: bool
     max_rescales: int
+    heartbeat_timeout: float | None
     exit_grace: float
     stop_grace: float
     log_ranks: Collection[int] | None

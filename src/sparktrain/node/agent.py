@@ -205,6 +205,9 @@ class NodeAgent:
             deadlines.append(self._started + self.timeout)
         if self.hang_timeout is not None and self.outcome.stop_time is None:
             deadlines.append(self._last_progress + self.hang_timeout)
+        cut_off = self.control.deadline() if self.control is not None else None
+        if cut_off is not None and self.outcome.stop_time is None:
+            deadlines.append(cut_off)
         return deadlines
 
     def _check_clocks(self, started: float) -> None:
@@ -226,6 +229,9 @@ class NodeAgent:
         ):
             self._take_stacks()
             self.stop()
+        cut_off = self.control.deadline() if self.control is not None else None
+        if cut_off is not None and now >= cut_off and self.outcome.stop_time is None:
+            self._cut_off()
         for rank, finished_at in self._unexited_finishers():
             if now >= finished_at + self.exit_grace:
                 self._kill_lingering(rank)
@@ -234,6 +240,17 @@ class NodeAgent:
                 if rank not in self.outcome.exits:
                     self.server.signal(pid, signal.SIGKILL)
             self._kill_at = None
+
+    def _cut_off(self) -> None:
+        """Nothing from the driver for the heartbeat timeout: this node must not train alone."""
+        ranks = ", ".join(str(r.rank) for r in self.requests)
+        line = (
+            "sparktrain: heard nothing from the driver for the run's heartbeat_timeout (cut "
+            f"off by the network, or the driver is gone); stopping ranks {ranks}\n"
+        )
+        with contextlib.suppress(OSError):  # the driver cannot hear it: this process's log can
+            os.write(2, line.encode())
+        self.stop()
 
     def _unexited_finishers(self) -> list[tuple[int, float]]:
         return [

@@ -5,10 +5,15 @@ challenge-response in both directions before any message is read, under a handsh
 so a rogue or silent connection is refused (and logged) without ever reaching the unpickler or
 blocking the others. Every later frame carries an HMAC over its direction, its sequence number
 and its bytes, checked before unpickling, so bytes injected into or replayed on the stream are
-refused too. Messages are length-prefixed pickled dicts. Connections carry TCP keepalive and no
-idle timeout: a job that prints nothing for minutes keeps its channel. An agent's send that
-cannot progress for :data:`SEND_TIMEOUT` seconds (a stalled driver) breaks its channel, and the
-node then stops its ranks rather than block its event loop.
+refused too. Messages are length-prefixed pickled dicts. An agent's send that cannot progress
+for :data:`SEND_TIMEOUT` seconds (a stalled driver) breaks its channel, and the node then stops
+its ranks rather than block its event loop.
+
+Heartbeats go both ways, one every :data:`BEAT_EVERY` seconds, so that silence means something:
+a job that prints nothing for minutes keeps its channel, but a node that has sent nothing for
+the run's ``heartbeat_timeout`` (a partition, a frozen machine) is reported lost, and a node
+that has heard nothing from the driver that long knows itself cut off (:meth:`ChannelClient.
+deadline`) and stops its ranks. TCP alone notices neither for many minutes.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import queue
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -31,6 +37,8 @@ log = logging.getLogger("sparktrain.node.channel")
 
 HANDSHAKE_TIMEOUT = 10.0
 SEND_TIMEOUT = 60.0
+#: Seconds between heartbeats, both ways.
+BEAT_EVERY = 1.0
 _NONCE = 32
 _HEADER = struct.Struct("!I")
 _MAX_FRAME = 256 << 20
@@ -122,9 +130,17 @@ def client_handshake(sock: socket.socket, secret: bytes) -> None:
 class ChannelServer:
     """The driver's end: accepts authenticated agents and queues what they send."""
 
-    def __init__(self, host: str, secret: bytes) -> None:
-        """Listen on ``host`` at a free port."""
+    def __init__(self, host: str, secret: bytes, *, silence: float | None = None) -> None:
+        """Listen on ``host`` at a free port.
+
+        Args:
+            host: The address at which the nodes reach this process.
+            secret: The attempt's secret.
+            silence: Seconds a node may send nothing before it is reported lost (``None``: no
+                bound, and no heartbeats).
+        """
         self.secret = secret
+        self.silence = silence
         self._listener = socket.create_server((host, 0))
         self.address: tuple[str, int] = (host, self._listener.getsockname()[1])
         self.messages: queue.Queue[dict[str, Any]] = queue.Queue()
@@ -135,6 +151,13 @@ class ChannelServer:
         self._stop_sent = False
         self._grow_sent = False
         threading.Thread(target=self._accept_loop, name="sparktrain-channel", daemon=True).start()
+        if silence is not None:
+            threading.Thread(target=self._beat, name="sparktrain-beat", daemon=True).start()
+
+    def _beat(self) -> None:
+        while not self._closed:
+            self.broadcast({"op": "beat"})
+            time.sleep(BEAT_EVERY)
 
     def _accept_loop(self) -> None:
         while True:
@@ -151,7 +174,7 @@ class ChannelServer:
         try:
             sock.settimeout(HANDSHAKE_TIMEOUT)
             server_handshake(sock, self.secret)
-            sock.settimeout(None)
+            sock.settimeout(self.silence)
         except (ChannelError, OSError) as exc:
             self.refused.append(f"{peer}: {exc}")
             log.warning("sparktrain refused a connection from %s: %s", peer, exc)
@@ -168,13 +191,22 @@ class ChannelServer:
                 framed.send({"op": op})
         hello: dict[str, Any] | None = None
         said_bye = False
+        why = "its process ended without a goodbye (killed, or its machine went away)"
+        silent = False
         try:
             while True:
                 message = framed.receive()
                 kind = message.get("kind")
                 hello = message if kind == "hello" else hello
                 said_bye = said_bye or kind == "bye"
-                self.messages.put(message)
+                if kind != "beat":
+                    self.messages.put(message)
+        except TimeoutError:
+            silent = True
+            why = (
+                f"it sent nothing for {self.silence:g}s, heartbeats included (cut off by the "
+                "network, or its machine froze); heartbeat_timeout= sets the bound"
+            )
         except (ChannelError, OSError, EOFError, pickle.UnpicklingError) as exc:
             if isinstance(exc, ChannelError) and not self._closed:
                 log.warning("sparktrain dropped a connection from %s: %s", peer, exc)
@@ -184,8 +216,8 @@ class ChannelServer:
                     self._peers.remove(framed)
             sock.close()
             if hello is not None and not said_bye and not self._closed:
-                # The node went away without saying bye: its process (or machine) is gone.
-                self.messages.put({"kind": "lost", "node": hello["node"], "host": hello["host"]})
+                lost = {"node": hello["node"], "host": hello["host"], "why": why, "silent": silent}
+                self.messages.put({"kind": "lost", **lost})
 
     def broadcast(self, message: dict[str, Any]) -> None:
         """Send ``message`` to every connected agent (ignores agents that are gone)."""
@@ -216,8 +248,14 @@ class ChannelServer:
 class ChannelClient:
     """An agent's end: sends logs and events, hears ``stop``."""
 
-    def __init__(self, address: tuple[str, int], secret: bytes) -> None:
-        """Connect and authenticate; raises :class:`ChannelError` on a wrong secret."""
+    def __init__(
+        self, address: tuple[str, int], secret: bytes, *, silence: float | None = None
+    ) -> None:
+        """Connect and authenticate; raises :class:`ChannelError` on a wrong secret.
+
+        ``silence``: seconds without a word from the driver after which this node is cut off
+        (``None``: no bound, and no heartbeats).
+        """
         self._sock = socket.create_connection(address, timeout=HANDSHAKE_TIMEOUT)
         try:
             client_handshake(self._sock, secret)
@@ -228,8 +266,22 @@ class ChannelClient:
         _keepalive(self._sock)
         self._framed = _Framed(self._sock, secret, sends=b"c2s", receives=b"s2c")
         self.broken = False
+        self.closed = False
         #: Called when the driver says the run is to grow back at its next checkpoint.
         self.on_grow: Callable[[], None] | None = None
+        self.silence = silence
+        self.heard = time.monotonic()
+        if silence is not None:
+            threading.Thread(target=self._beat, name="sparktrain-beat", daemon=True).start()
+
+    def _beat(self) -> None:
+        while not (self.closed or self.broken):
+            self.send({"kind": "beat"})
+            time.sleep(BEAT_EVERY)
+
+    def deadline(self) -> float | None:
+        """When this node is cut off if it hears nothing more from the driver (monotonic)."""
+        return None if self.silence is None else self.heard + self.silence
 
     def send(self, message: dict[str, Any]) -> None:
         """Send one message; a broken channel is noted (the node then stops) and not raised."""
@@ -256,10 +308,12 @@ class ChannelClient:
             op = self._framed.receive().get("op")
         except (ChannelError, OSError, EOFError):
             return "stop"
+        self.heard = time.monotonic()
         if op == "grow" and self.on_grow is not None:
             self.on_grow()
         return op if op in ("stop", "busy") else None
 
     def close(self) -> None:
-        """Close the connection."""
+        """Close the connection (and stop the heartbeats)."""
+        self.closed = True
         self._sock.close()

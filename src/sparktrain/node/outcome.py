@@ -47,6 +47,10 @@ class Control(Protocol):
         """
         ...
 
+    def deadline(self) -> float | None:
+        """When this node is cut off if nothing more arrives (``time.monotonic()``), or never."""
+        ...
+
 
 @dataclass
 class NodeOutcome:

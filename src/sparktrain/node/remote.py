@@ -64,7 +64,7 @@ def run_connected(
     if spec.channel is None or spec.secret is None:
         raise ValueError("a remote node needs the driver's channel address and secret")
     try:
-        channel = ChannelClient(spec.channel, spec.secret)
+        channel = ChannelClient(spec.channel, spec.secret, silence=spec.options.heartbeat_timeout)
     except BaseException:
         if listener is not None:
             listener.close()

@@ -15,7 +15,7 @@ import socket
 import sys
 from collections.abc import Callable
 
-from sparktrain.node import warm
+from sparktrain.node import interfaces, warm
 from sparktrain.node.agent import NodeAgent
 from sparktrain.node.logs import LogSink
 from sparktrain.node.outcome import Control, RankExit
@@ -67,9 +67,11 @@ def rank_requests(
 
     Each rank's environment is this process's (the caller's or the task's), plus the run's
     ``env`` option, plus the variables of other contracts (``spec.extra_env``), plus the
+    interface of the node's address for gloo and NCCL where none of these names one, plus the
     contract.
     """
     base = {**env.caller_environ(), **(spec.options.env or {}), **(spec.extra_env or {})}
+    base.update(interfaces.ifname_environ(place.address or place.master[0], base))
     requests = []
     for local, rank in enumerate(spec.ranks_of(place.node)):
         rank_env = env.RankEnv(

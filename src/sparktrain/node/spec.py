@@ -79,12 +79,16 @@ class Place:
         master: Host and port of the rendezvous store (node 0's bound socket).
         gpus: GPU addresses this node's ranks own (one each, or the node's one rank all of
             them), empty on CPU.
+        address: The address by which the other nodes reach this one; its interface is the one
+            gloo and NCCL bind to (:mod:`sparktrain.node.interfaces`). Empty: the rendezvous
+            host's, as when every node runs on this machine.
     """
 
     node: int
     host: str
     master: tuple[str, int]
     gpus: tuple[str, ...] = ()
+    address: str = ""
 
 
 def node_spec(

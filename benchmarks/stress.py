@@ -57,6 +57,10 @@ ROWS = {
 }
 
 
+#: After the first launch: how long its fork server takes to import torch._dynamo while idle.
+WARM_SECONDS = 3.0
+
+
 def _one(pattern: Pattern, row: Row, **options: Any) -> None:
     from sparktrain import launch
 
@@ -75,14 +79,22 @@ def _repeat(pattern: Pattern, label: str, count: int, **options: Any) -> Row:
     log(f"{label}: {count} runs")
     for _ in range(count):
         _one(pattern, row, **options)
-    log(f"done:{row.line()}")  # each row as soon as it is measured
+    slowest = sorted(range(len(row.durations)), key=row.durations.__getitem__)[-3:][::-1]
+    where = ", ".join(f"#{i + 1} {row.durations[i]:.3f}s" for i in slowest)
+    log(f"done:{row.line()} (slowest runs: {where})")  # each row as soon as it is measured
     return row
 
 
 def plain_rows(count: int) -> list[Row]:
     warm_up = Row("warm-up")
     _one(PLAIN[0], warm_up)  # this caller's fork server starts: reported, not counted
-    log(f"first launch of this caller (its fork server starts): {warm_up.durations[0]:.3f} s")
+    time.sleep(WARM_SECONDS)  # and, idle, imports torch._dynamo (a launch would wait for it)
+    _one(PLAIN[2], warm_up)  # a model comes back: the caller imports torch to unpickle it
+    log(
+        f"one-time costs, not counted: the caller's first launch (its fork server starts) "
+        f"{warm_up.durations[0]:.3f} s; the first that returns a model (the caller imports "
+        f"torch) {warm_up.durations[1]:.3f} s"
+    )
     return [_repeat(p, p.name, count) for p in PLAIN]
 
 

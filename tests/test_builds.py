@@ -240,6 +240,20 @@ launch(stress_patterns.deepspeed_engine, num_processes=2, use_gpu=False)
 """
 
 
+def _compiling(root: int) -> bool:
+    """Whether a compiler runs under process ``root`` (the build has begun, not just its lock)."""
+    from sparktrain import procfs
+
+    for pid in procfs.descendants(root):
+        try:
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            continue
+        if name in {"cc1plus", "c++", "g++", "gcc", "ninja", "ld"}:
+            return True
+    return False
+
+
 @pytest.mark.slow
 def test_deepspeed_build_stopped_by_ctrl_c_does_not_block_the_next_launch(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
@@ -252,19 +266,21 @@ def test_deepspeed_build_stopped_by_ctrl_c_does_not_block_the_next_launch(
 
     ext = tmp_path / "ext"
     lock = ext / "deepspeed_shm_comm" / "lock"
-    caller = subprocess.Popen(
-        [sys.executable, "-c", DEEPSPEED_CALLER.format(benchmarks=str(ROOT / "benchmarks"))],
-        env={**os.environ, "TORCH_EXTENSIONS_DIR": str(ext)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 120
-    while buildlock.state(str(lock)).kind != "building":
-        assert caller.poll() is None and time.monotonic() < deadline, "the build never started"
+    said = tmp_path / "caller.txt"
+    with said.open("w") as out:
+        caller = subprocess.Popen(
+            [sys.executable, "-c", DEEPSPEED_CALLER.format(benchmarks=str(ROOT / "benchmarks"))],
+            env={**os.environ, "TORCH_EXTENSIONS_DIR": str(ext)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    deadline = time.monotonic() + 180
+    while not (buildlock.state(str(lock)).kind == "building" and _compiling(caller.pid)):
+        assert caller.poll() is None, f"the caller ended before the build:\n{said.read_text()}"
+        assert time.monotonic() < deadline, f"the build never started:\n{said.read_text()}"
         time.sleep(0.1)
-    time.sleep(2.0)  # the compiler is running
-    caller.send_signal(signal.SIGINT)
-    assert caller.wait(60) != 0
+    caller.send_signal(signal.SIGINT)  # Ctrl-C while the compiler runs
+    assert caller.wait(60) != 0, said.read_text()
     assert wait_gone([caller.pid]) == [] and not alive(caller.pid)
     assert buildlock.state(str(lock)).kind == "stale"  # what the issue's runs waited on forever
     capfd.readouterr()

@@ -154,6 +154,37 @@ def test_deadlock_is_detected_and_located() -> None:
     print(info.value)
 
 
+def _import_from(folder: str, name: str) -> str:
+    import importlib
+
+    sys.path.insert(0, folder)
+    importlib.import_module(name)
+    return name
+
+
+def test_a_long_import_on_the_cpu_is_progress(tmp_path: Path) -> None:
+    # import deepspeed on a loaded machine: seconds of CPU and not a line of output
+    (tmp_path / "busy_at_import.py").write_text(
+        "import time\nend = time.process_time() + 4\nwhile time.process_time() < end:\n    pass\n"
+    )
+    result = launch(
+        _import_from, (str(tmp_path), "busy_at_import"), num_processes=1, use_gpu=False,
+        hang_timeout=2,
+    )  # fmt: skip
+    assert result.value == "busy_at_import"
+
+
+def test_an_import_that_waits_is_still_a_hang(tmp_path: Path) -> None:
+    (tmp_path / "waits_at_import.py").write_text("import time\ntime.sleep(60)  # LINE-WAITS\n")
+    with pytest.raises(HangError) as info:
+        launch(
+            _import_from, (str(tmp_path), "waits_at_import"), num_processes=1, use_gpu=False,
+            hang_timeout=2,
+        )  # fmt: skip
+    (site,) = info.value.sites.values()
+    assert site.user_file.endswith("waits_at_import.py") and site.user_line == 2
+
+
 def _reporting_loop(seconds: float) -> int:
     end = time.monotonic() + seconds
     step = 0

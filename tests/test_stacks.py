@@ -36,6 +36,18 @@ def test_the_ranks_thread_is_read_even_when_the_signal_landed_elsewhere() -> Non
     assert (site.function, site.user_file, site.user_line) == ("all_reduce", f"{SITE}/train.py", 41)
 
 
+def test_a_project_in_a_folder_named_like_a_library_is_the_users() -> None:
+    # A clone called sparktrain (the fresh-clone CI's layout), a project under a torch/ folder.
+    for project in ("/tmp/fresh/sparktrain/tests", "/home/u/torch/experiments"):
+        dump = MAIN.replace(f"{SITE}/train.py", f"{project}/train.py")
+        site = stacks.parse(dump, rank=0)
+        assert site is not None
+        assert (site.user_file, site.user_line) == (f"{project}/train.py", 41), site.stack
+    ours = MAIN.replace(f"{SITE}/train.py", f"{SITE}/src/sparktrain/rank/checkpoint.py")
+    site = stacks.parse(ours, rank=0)  # sparktrain's own file (wherever it is) is not
+    assert site is not None and site.user_file == f"{TORCH}/distributed_c10d.py"  # no user frame
+
+
 def test_a_dump_still_being_written_is_not_read_half(tmp_path: Path) -> None:
     path = tmp_path / "stack-0.txt"
     lines = MAIN.splitlines(keepends=True)

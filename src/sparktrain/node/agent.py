@@ -34,6 +34,10 @@ from sparktrain.rank.worker import RankRequest
 
 #: How long to keep reading pipes after every rank has exited (a grandchild may hold them).
 DRAIN_SECONDS = 2.0
+#: The hang clock's bound until every rank has started: the fork server may still be importing
+#: torch (seconds, more on a loaded machine), which is no rank's doing. A server that never
+#: starts a rank is still caught.
+SPAWN_WAIT = 120.0
 #: How long hung ranks get to write their stacks after SIGUSR1.
 STACK_SECONDS = 3.0
 #: The pipes each rank writes to: its output, its reports, and its status (outcome recorded).
@@ -204,11 +208,18 @@ class NodeAgent:
         if self.timeout is not None and self.outcome.stop_time is None:
             deadlines.append(self._started + self.timeout)
         if self.hang_timeout is not None and self.outcome.stop_time is None:
-            deadlines.append(self._last_progress + self.hang_timeout)
+            deadlines.append(self._last_progress + self._hang_bound())
         cut_off = self.control.deadline() if self.control is not None else None
         if cut_off is not None and self.outcome.stop_time is None:
             deadlines.append(cut_off)
         return deadlines
+
+    def _hang_bound(self) -> float:
+        """``hang_timeout``, counted from the last rank's start once every rank has started."""
+        assert self.hang_timeout is not None
+        if len(self._pids) < self._expected:
+            return max(self.hang_timeout, SPAWN_WAIT)
+        return self.hang_timeout
 
     def _check_clocks(self, started: float) -> None:
         now = time.monotonic()
@@ -225,7 +236,7 @@ class NodeAgent:
         if (
             self.hang_timeout is not None
             and self.outcome.stop_time is None
-            and now - self._last_progress >= self.hang_timeout
+            and now - self._last_progress >= self._hang_bound()
         ):
             self._take_stacks()
             self.stop()
@@ -325,6 +336,7 @@ class NodeAgent:
             rank, pid = event["key"], event["pid"]
             self._pids[rank] = pid
             self._ranks[pid] = rank
+            self._last_progress = time.monotonic()  # a rank that starts is progress
             if self.outcome.stop_time is not None:
                 self.stop()
         elif event["ev"] == "exited":

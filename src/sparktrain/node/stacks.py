@@ -12,6 +12,8 @@ when its last line is that frame.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import re
 import sysconfig
 import time
@@ -23,16 +25,54 @@ from sparktrain.errors import StackSite
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>.+)$')
 _THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+")
 _OUTERMOST = ("<module>", "_run_module_as_main")
-_LIBRARY_PARTS = ("/torch/", "/sparktrain/", "/site-packages/", "/dist-packages/")
+_INSTALLED_PARTS = ("/site-packages/", "/dist-packages/")
+#: Packages whose frames are never the user's, wherever they live (an editable install, a
+#: source checkout): a frame is theirs when the path after ``/<name>/`` is one of their files.
+_PACKAGES = ("sparktrain", "torch")
 
 
 def _library_roots() -> tuple[str, ...]:
     paths = sysconfig.get_paths()
-    return tuple(str(Path(paths[k])) for k in ("stdlib", "platstdlib") if k in paths)
+    return tuple(str(Path(paths[k])) + "/" for k in ("stdlib", "platstdlib") if k in paths)
+
+
+@functools.cache
+def _package_dir(name: str) -> Path | None:
+    """Where package ``name`` lives here, found without importing it."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    places = list(spec.submodule_search_locations or []) if spec is not None else []
+    return Path(places[0]) if places else None
+
+
+@functools.cache
+def _in_package(file: str) -> bool:
+    """Whether ``file`` is one of sparktrain's or torch's own files.
+
+    The path after the last ``/sparktrain/`` must be a file of the package, so a user's project
+    in a folder of that name (a clone called ``sparktrain``, ``~/work/torch/train.py``) is the
+    user's.
+    """
+    for name in _PACKAGES:
+        marker = f"/{name}/"
+        if marker not in file:
+            continue
+        inside = file.rsplit(marker, 1)[1]
+        found = _package_dir(name)
+        if found is None or (found / inside).is_file():
+            return True
+    return False
 
 
 def _is_library(file: str, roots: tuple[str, ...]) -> bool:
-    return file.startswith("<") or any(p in file for p in _LIBRARY_PARTS) or file.startswith(roots)
+    return (
+        file.startswith("<")
+        or any(p in file for p in _INSTALLED_PARTS)
+        or file.startswith(roots)
+        or _in_package(file)
+    )
 
 
 def _threads(text: str) -> list[tuple[bool, list[str]]]:

@@ -38,7 +38,7 @@ import cloudpickle
 from sparktrain import procfs
 from sparktrain.horovod import alias
 from sparktrain.launchplan.entrypoint import ScriptEntry
-from sparktrain.rank import extensions, process_groups, reporting, stores
+from sparktrain.rank import extensions, imports, process_groups, reporting, stores
 from sparktrain.rank.paths import error_path, payload_path, result_path, stack_path, wait_path
 
 _PR_SET_PDEATHSIG = 1
@@ -282,6 +282,8 @@ def _run_and_record(req: RankRequest, fds: RankFds, caller: int) -> int:
         reporting.attach(fds.report)
         stores.install()
         extensions.install(wait_path(req.run_dir, req.rank))
+        if req.hang_timeout is not None:
+            imports.watch()  # an import on the CPU is progress, not a hang
         if req.data_path is not None:
             from sparktrain.data import shard
 

@@ -26,7 +26,11 @@ Then:
 * the time to materialise a DataFrame (``spark.read.parquet`` of the data) as Parquet:
   ``sparktrain.data.materialise`` against Petastorm's ``make_spark_converter``;
 * (a) and (b) at each of ``--sizes`` GB (default 1 and 8): peak RSS per rank must not grow
-  with the data (within 20 %).
+  with the data (within 20 %);
+* DataLoader workers (``benchmarks/data_workers.py``, the method of issue 37, one consumer):
+  ``ds.loader(num_workers=2)`` with each hand-off against a plain single-process scan, at
+  ``--workers-rows`` rows (targets: the default workers >= 1.0x the plain scan, the reader in
+  the process >= 0.95x, the process tree's PSS with workers <= 1.5x the single process's).
 
 A reader's rows per second per rank is every rank's rows over the slowest rank's seconds,
 divided by the ranks (so a reader that gives one rank fewer rows gains nothing from it).
@@ -37,6 +41,7 @@ Petastorm's.
     python benchmarks/data.py                      # 1,000,000 rows, then 1 and 8 GB: ~15 min
     python benchmarks/data.py --rows 50000 --sizes 0.2 --skip-rivals --repeat 1   # a smoke test
     python benchmarks/data.py --only-sizes --sizes 30 --keep   # by hand: more than the memory
+    python benchmarks/data.py --only-workers       # only the DataLoader workers' table
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import data_workers
 from _common import fmt, log, ratio
 
 FEATURES = 784
@@ -267,13 +273,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-rivals", action="store_true", help="leave out (c) and (d)")
     parser.add_argument("--only-sizes", action="store_true", help="only the memory table")
     parser.add_argument("--keep", action="store_true", help="keep the generated data")
+    parser.add_argument("--workers-rows", default="200000,1000000", help="sizes, workers' table")
+    parser.add_argument("--workers-rounds", type=int, default=3, help="rounds, workers' table")
+    parser.add_argument("--only-workers", action="store_true", help="only the workers' table")
     args = parser.parse_args(argv)
     work = Path(args.work or tempfile.mkdtemp(prefix="sparktrain-bench-data-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        if not args.only_sizes:
+        if not (args.only_sizes or args.only_workers):
             main_table(work, args)
-        size_table(work, [float(s) for s in args.sizes.split(",") if s])
+        if not args.only_workers:
+            size_table(work, [float(s) for s in args.sizes.split(",") if s])
+        if not args.only_sizes:
+            sizes = [int(s) for s in args.workers_rows.split(",") if s]
+            data_workers.table(work / "workers", sizes, args.workers_rounds)
+            data_workers.transform_table(work / "workers", sizes[0], args.workers_rounds)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

@@ -191,6 +191,8 @@ def test_gpu_settings(conf: dict[str, str], use_gpu: bool | None, verdict: str, 
 def test_small_shm_warns_with_the_fix() -> None:
     small = shm_check(64 << 20)
     assert small.verdict == "warning" and "--shm-size" in small.fix
+    assert "batches of up to 11 MB" in small.found  # 64 MB over 2 workers x 3 batches
+    assert small.facts["torch_batch_bytes"] == (64 << 20) // 6
     assert shm_check(8 << 30).verdict == "ok"
     assert shm_check(None).verdict == "warning"
 

@@ -38,6 +38,7 @@ __all__ = [
     "StreamingDataset",
     "StreamingLoader",
     "delete_cache",
+    "from_arrow",
     "from_dataframe",
     "from_delta",
     "from_parquet",
@@ -60,6 +61,21 @@ def from_parquet(
     from sparktrain.data.sources import parquet_source
 
     return StreamingDataset(parquet_source(path, storage_options=storage_options), **options)
+
+
+def from_arrow(
+    path: str | os.PathLike[str],
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    **options: Any,
+) -> StreamingDataset:
+    """Stream Arrow IPC files (Feather v2, ``.arrow``): a file, a folder or a glob.
+
+    ``options`` are :class:`StreamingDataset`'s, as for :func:`from_parquet`.
+    """
+    from sparktrain.data.sources import arrow_source
+
+    return StreamingDataset(arrow_source(path, storage_options=storage_options), **options)
 
 
 def from_delta(

@@ -4,10 +4,13 @@
 * Lists of numbers (``array<...>``, fixed-size lists) become 2-D tensors when every row of the
   chunk has the same length, and a list of 1-D tensors otherwise.
 * Spark ML vectors (dense or sparse) become dense 2-D float64 tensors (scattered with numpy).
+* Dates, timestamps, durations and times of day become 1-D int64 tensors: dates in days since
+  1970-01-01, timestamps in nanoseconds since 1970-01-01 UTC (a time zone only says how they
+  were shown), durations and times of day in nanoseconds.
 * Binary and string columns become Python lists, for a ``transform=`` to decode or tokenise.
 
-Anything else (maps, structs, dates, ...) is refused by :func:`check_schema` before training
-starts, naming the column. A null is an error naming the column and the row (file and position).
+Anything else (maps, structs, ...) is refused by :func:`check_schema` before training starts,
+naming the column. A null is an error naming the column and the row (file and position).
 """
 
 from __future__ import annotations
@@ -71,10 +74,20 @@ def _is_text(kind: Any) -> bool:
     )
 
 
+def _is_time(kind: Any) -> bool:
+    types = pyarrow().types
+    return bool(
+        types.is_date(kind) or types.is_timestamp(kind) or types.is_duration(kind)
+        or types.is_time(kind)
+    )  # fmt: skip
+
+
 def kind_of(kind: Any) -> str | None:
-    """``number``, ``list``, ``vector`` or ``text`` for a supported Arrow type, else ``None``."""
+    """``number``, ``time``, ``list``, ``vector`` or ``text`` for a supported type, or ``None``."""
     if _is_number(kind):
         return "number"
+    if _is_time(kind):
+        return "time"
     if _is_list(kind) and _is_number(kind.value_type):
         return "list"
     if is_ml_vector(kind):
@@ -107,6 +120,25 @@ def check_schema(schema: Any, columns: Sequence[str] | None, *, transform: bool)
     if not chosen:
         raise ConfigError("no columns to read: columns=[] selects nothing.")
     return chosen
+
+
+def row_bytes(schema: Any, columns: Sequence[str]) -> int | None:
+    """Bytes one row of ``columns`` takes as tensors, when every column has a fixed width."""
+    pa = pyarrow()
+    total = 0
+    for name in columns:
+        kind = schema.field(name).type
+        width = 1
+        if pa.types.is_fixed_size_list(kind):
+            kind, width = kind.value_type, kind.list_size
+        if kind_of(kind) not in ("number", "time"):
+            return None
+        total += width * (
+            8
+            if pa.types.is_decimal(kind) or kind_of(kind) == "time"
+            else max(1, kind.bit_width // 8)
+        )
+    return total
 
 
 def _numpy(array: Any) -> Any:
@@ -164,6 +196,22 @@ def _vector_tensor(array: Any) -> Any:
     return torch.from_numpy(out)
 
 
+def _as_int64(array: Any) -> Any:
+    """A date, timestamp, duration or time array as int64 in the module doc's units."""
+    pa = pyarrow()
+    kind = array.type
+    if pa.types.is_date(kind):
+        days = array.cast(pa.date32())
+        return days.view(pa.int32()).cast(pa.int64())
+    if pa.types.is_timestamp(kind):
+        nanos = array.cast(pa.timestamp("ns", tz=kind.tz))
+    elif pa.types.is_duration(kind):
+        nanos = array.cast(pa.duration("ns"))
+    else:
+        nanos = array.cast(pa.time64("ns"))
+    return nanos.view(pa.int64())
+
+
 def first_null(array: Any) -> int:
     """The position of ``array``'s first null (``-1`` when it has none)."""
     if array.null_count == 0:
@@ -174,6 +222,8 @@ def first_null(array: Any) -> int:
 def column_tensor(array: Any) -> Any:
     """One Arrow array without nulls as a tensor, or a list (ragged lists, text; module doc)."""
     kind = kind_of(array.type)
+    if kind == "time":
+        return _tensor(_numpy(_as_int64(array)))
     if kind == "number":
         if pyarrow().types.is_decimal(array.type):  # Spark's decimals: float64
             array = array.cast(pyarrow().float64())

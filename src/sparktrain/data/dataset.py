@@ -9,28 +9,22 @@ at the same world size or at another (:mod:`sparktrain.data.remainder`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
 from sparktrain.data import order, remainder
+from sparktrain.data import state as state_module
 from sparktrain.data.columns import check_schema
 from sparktrain.data.reader import Stream, batches
 from sparktrain.data.sources import Source
+from sparktrain.data.state import Resume
+from sparktrain.data.torch_workers import UNCOUNTED, SharedFlag, WorkerPlace
 from sparktrain.errors import ConfigError
-
-
-@dataclass(frozen=True)
-class Resume:
-    """Where the next pass starts: the epoch, and the batches a DataLoader already took."""
-
-    epoch: int = 0
-    consumed: int = 0
-    workers: int = 0
-    loader_batch: int | None = None
 
 
 def _group() -> tuple[int, int]:
@@ -113,6 +107,12 @@ class StreamingDataset(IterableDataset[Any]):
         self._pass = Resume()  # the current pass: batches handed out, and how
         self._legs: tuple[remainder.Leg, ...] = ()  # this epoch's earlier world sizes
         self._left: tuple[int, tuple[remainder.Leg, ...], remainder.Runs] | None = None
+        # Under torch's own DataLoader workers (torch_workers.py):
+        self._uncounted = SharedFlag()  # a plain DataLoader's workers read this pass
+        self._managed = False  # ds.loader(workers="torch") counts in the rank
+        self._stateful = False  # in a StatefulDataLoader's worker: it keeps the worker's place
+        self._yielded = 0  # that worker's batches (or rows) of the pass
+        self._skip = 0  # where its place says the worker resumes
 
     # -- the group ------------------------------------------------------------------------
     def group(self) -> tuple[int, int]:
@@ -152,6 +152,7 @@ class StreamingDataset(IterableDataset[Any]):
             raise ConfigError(f"set_epoch({epoch!r}): the epoch must be a whole number >= 0.")
         if epoch != self._resume.epoch:
             self._resume, self._pass, self._legs = Resume(epoch=epoch), Resume(), ()
+            self._uncounted.clear()
 
     def state_dict(self) -> dict[str, Any]:
         """Where this rank is: save it in a checkpoint; :meth:`load_state_dict` resumes there.
@@ -160,69 +161,49 @@ class StreamingDataset(IterableDataset[Any]):
         each rank handed out at the current world size, and how; ``legs``: the same for each
         earlier world size of this epoch (an elastic run's resumptions), oldest first; and the
         settings the order depends on. Every rank's state is the same at a step boundary: any
-        one of them resumes every rank, at this world size or at another.
-        """
-        world = self.group()[1]
-        now = self._pass if self._pass.consumed else self._resume
-        return {
-            "epoch": self._resume.epoch,
-            "consumed": self._resume.consumed + self._pass.consumed,
-            "workers": now.workers,
-            "loader_batch": now.loader_batch,
-            "seed": self.seed,
-            "batch_size": self.batch_size,
-            "world_size": world,
-            "rows": self.source.rows,
-            "shuffle": self.shuffle,
-            "shuffle_buffer": self.shuffle_buffer,
-            "uneven": self.uneven,
-            "drop_last": self.drop_last,
-            "legs": [leg.as_dict() for leg in self._legs],
-        }
+        one of them resumes every rank, at this world size or at another, so save one (rank
+        0's) rather than one per rank. Inside a worker of torchdata's ``StatefulDataLoader`` the
+        state also holds that worker's place (``worker``), which the loader saves for it.
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        Raises:
+            ConfigError: A plain ``DataLoader``'s workers read this pass: nobody counted it.
+        """
+        info = get_worker_info()
+        if info is not None:  # torchdata's StatefulDataLoader asks each worker
+            self._stateful = True
+            place = WorkerPlace(info.id, info.num_workers, self._yielded)
+            return {**state_module.saved(self), "worker": place.as_dict()}
+        if self._uncounted:
+            raise ConfigError(UNCOUNTED)
+        return state_module.saved(self)
+
+    def load_state_dict(self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
         """Resume at the next batch the saved run had not yet yielded, at any world size.
 
         At the saved world size the pass goes on where the saved one stopped (with the same
         ``num_workers``). At another, the ranks share what the saved run's ranks had not read
         (computed from this state alone) and read it to the end of the epoch, with any
-        ``num_workers``; the next epoch is a whole one at the new size.
+        ``num_workers``; the next epoch is a whole one at the new size. ``state`` may also be a
+        list of every rank's states, as all-gathered: any one of them resumes every rank.
         """
-        _, world = self.group()
-        expected: dict[str, Any] = {
-            "seed": self.seed,
-            "batch_size": self.batch_size,
-            "rows": self.source.rows,
-        }
-        optional = {  # states saved before elastic resumption lack these
-            "shuffle": self.shuffle,
-            "shuffle_buffer": self.shuffle_buffer,
-            "uneven": self.uneven,
-            "drop_last": self.drop_last,
-        }
-        expected.update({k: v for k, v in optional.items() if k in state})
-        wrong = {k: (state.get(k), v) for k, v in expected.items() if state.get(k) != v}
-        if wrong:
-            detail = ", ".join(f"{k} was {a!r}, now {b!r}" for k, (a, b) in wrong.items())
-            raise ConfigError(
-                f"the saved data state does not fit this dataset ({detail}); resume with the "
-                "same data, seed, batch size, shuffle, shuffle_buffer, uneven and drop_last."
-            )
-        legs = tuple(remainder.Leg.from_dict(leg) for leg in state.get("legs") or ())
-        now = remainder.Leg.from_dict(state, "current leg")
-        epoch = int(state["epoch"])
-        if now.world_size == world:  # the same leg goes on
-            resume = Resume(epoch, now.consumed, now.workers, now.loader_batch)
-        else:  # a new leg: what the saved one read joins the earlier legs
-            legs += (now,) if now.consumed else ()
-            resume = Resume(epoch)
-        left = self._remaining(epoch, legs) if legs else None  # checks the counts first
+        if isinstance(state, Sequence):
+            state = state_module.one_of(state)
+        info = get_worker_info()
+        place = state.get("worker")
+        if info is not None and place is not None:  # a StatefulDataLoader's worker, resumed
+            self._stateful = True
+            same = (place["worker"], place["workers"]) == (info.id, info.num_workers)
+            self._skip = int(place["yielded"]) if same else 0
+        self._uncounted.clear()
+        resume, legs = state_module.restore(self, state)
+        left = self._remaining(resume.epoch, legs) if legs else None  # checks the counts first
         self._resume, self._pass, self._legs, self._left = resume, Resume(), legs, left
 
     # -- counting (by the process that hands the batches out) ------------------------------
     def _begin(self, workers: int, loader_batch: int | None) -> None:
         """A new pass starts at the resume point (an abandoned pass leaves it where it was)."""
         self._pass = Resume(self._resume.epoch, 0, workers, loader_batch)
+        self._uncounted.clear()
 
     def _count(self) -> None:
         self._pass = replace(self._pass, consumed=self._pass.consumed + 1)
@@ -306,8 +287,8 @@ class StreamingDataset(IterableDataset[Any]):
     def __iter__(self) -> Iterator[Any]:
         """This rank's batches for the current epoch (this worker's, inside a DataLoader)."""
         info = get_worker_info()
-        if info is not None:  # a DataLoader worker: the loader in the caller counts
-            yield from self._produce(self.stream(info.id, info.num_workers))
+        if info is not None:  # one of torch's DataLoader workers (torch_workers.py)
+            yield from self._in_torch_worker(info.id, info.num_workers)
             return
         stream = self.stream(0, 0)
         self._begin(0, None)
@@ -315,6 +296,28 @@ class StreamingDataset(IterableDataset[Any]):
             self._count()
             yield item
         self._end()
+
+    def _in_torch_worker(self, worker: int, workers: int) -> Iterator[Any]:
+        """Worker ``worker``'s batches; counted by the rank, by a StatefulDataLoader, or nobody."""
+        if not (self._managed or self._stateful):
+            self._uncounted.set()  # a plain DataLoader: the rank's state_dict() refuses
+        stream = self.stream(worker, workers)
+        if self._skip:  # a StatefulDataLoader's worker resumes at its place
+            rows = self._skip * (self.batch_size or 1)
+            stream = replace(stream, skip=min(stream.skip + rows, stream.stop - stream.first))
+        self._yielded = self._skip
+        for item in self._produce(stream):
+            self._yielded += 1
+            yield item
+
+    @contextlib.contextmanager
+    def managed(self) -> Iterator[None]:
+        """While torch's DataLoader forks its workers for ``ds.loader(workers="torch")``."""
+        self._managed = True
+        try:
+            yield
+        finally:
+            self._managed = False
 
     def _produce(self, stream: Stream) -> Iterator[Any]:
         transform = self.transform

@@ -100,19 +100,14 @@ class _Cursor:
 def read_unit(
     source: Source, unit: Unit, columns: tuple[str, ...], chunk: int = CHUNK_ROWS
 ) -> Iterator[Any]:
-    """One row group's record batches of ``chunk`` rows (partition values filled in)."""
-    import pyarrow.parquet as pq
+    """One unit's record batches of ``chunk`` rows, read by the source's format.
 
+    Partition values are filled in.
+    """
     pa = pyarrow()
     constants = dict(unit.partition)
     stored = [c for c in columns if c not in constants]
-    handle = pq.ParquetFile(unit.file, filesystem=source.filesystem, pre_buffer=False)
-    batches = handle.iter_batches(
-        batch_size=chunk,
-        row_groups=[unit.row_group],
-        columns=stored,
-        use_threads=False,  # one core per rank: threads only contend with the other ranks
-    )
+    batches = source.format.read(source.filesystem, unit.file, unit.row_group, stored, chunk)
     for batch in batches:
         table = pa.Table.from_batches([batch])
         for name in columns:

@@ -1,9 +1,10 @@
-"""Where rows come from: Parquet files and Delta tables, as a list of row groups (units).
+"""Where rows come from: Parquet files, Delta tables, Arrow IPC files, as a list of units.
 
-A :class:`Source` is small and picklable (file names, row counts, the schema, the filesystem), so
-it travels to every rank with the training function. Only Parquet footers are read here; rows
-are read by the ranks. Paths are local paths, ``file://`` URLs, or any URL pyarrow opens
-(``s3://``, ``gs://``, ``abfss://``, ``hdfs://``), or that fsspec opens when pyarrow does not.
+A :class:`Source` is small and picklable (file names, row counts, the schema, the filesystem, the
+format), so it travels to every rank with the training function. Only footers are read here;
+rows are read by the ranks, through the source's format (:mod:`sparktrain.data.formats`).
+Paths are local paths, ``file://`` URLs, or any URL pyarrow opens (``s3://``, ``gs://``,
+``abfss://``, ``hdfs://``), or that fsspec opens when pyarrow does not.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparktrain.data.columns import pyarrow
+from sparktrain.data.formats import ARROW_IPC, PARQUET, Format
 from sparktrain.errors import ConfigError
 
 _GLOB = set("*?[")
@@ -27,9 +29,9 @@ class Unit:
 
     Attributes:
         file: The file's path on the source's filesystem.
-        row_group: The row group's index in the file.
+        row_group: The unit's index in the file (a row group, a record batch).
         rows: How many rows it holds.
-        partition: Constant columns of the file (a Delta table's partition values).
+        partition: Constant columns of the file (a Delta table's or a ``col=value`` folder's).
     """
 
     file: str
@@ -44,15 +46,17 @@ class Source:
 
     Attributes:
         name: What the user asked for (a path, a table and version), for messages.
-        units: Every row group, in file order.
+        units: Every unit, in file order.
         schema: The Arrow schema every file shares (partition columns included).
         filesystem: The ``pyarrow.fs.FileSystem`` the files are on.
+        format: How the files are read.
     """
 
     name: str
     units: tuple[Unit, ...]
     schema: Any
     filesystem: Any
+    format: Format = PARQUET
 
     @property
     def rows(self) -> int:
@@ -110,15 +114,11 @@ def list_files(path: str, fs: Any) -> list[str]:
     return [f for f in files if _data_file(f, base)]
 
 
-def _footer(fs: Any, file: str) -> tuple[Any, list[int]]:
-    import pyarrow.parquet as pq
-
+def _footer(fs: Any, file: str, kind: Format) -> tuple[Any, list[int]]:
     try:
-        meta = pq.ParquetFile(file, filesystem=fs).metadata
+        return kind.units(fs, file)
     except Exception as exc:
-        raise ConfigError(f"{file!r} is not a readable Parquet file: {exc}") from exc
-    rows = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
-    return meta.schema.to_arrow_schema(), rows
+        raise ConfigError(f"{file!r} is not a readable {kind.name} file: {exc}") from exc
 
 
 def from_files(
@@ -127,16 +127,22 @@ def from_files(
     files: Sequence[str],
     partitions: Sequence[Mapping[str, Any]] | None = None,
     partition_schema: Any = None,
+    *,
+    kind: Format = PARQUET,
 ) -> Source:
-    """A :class:`Source` over ``files`` (footers read in parallel); checks one shared schema."""
+    """A :class:`Source` over ``files`` of format ``kind`` (footers read in parallel).
+
+    Checks that every file has the same schema. ``partitions``: each file's constant columns
+    (left out where a file holds the column itself), of ``partition_schema``.
+    """
     pa = pyarrow()
     if not files:
         raise ConfigError(
-            f"no Parquet files at {name!r}; check the path (a file, a folder or a "
+            f"no {kind.name} files at {name!r}; check the path (a file, a folder or a "
             "glob such as 'data/*.parquet')."
         )
     with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
-        footers = list(pool.map(lambda f: _footer(fs, f), files))
+        footers = list(pool.map(lambda f: _footer(fs, f, kind), files))
     schema = footers[0][0]
     for file, (other, _) in zip(files, footers, strict=True):
         if not other.equals(schema):
@@ -146,12 +152,13 @@ def from_files(
             )
     units: list[Unit] = []
     for index, (file, (_, groups)) in enumerate(zip(files, footers, strict=True)):
-        constants = tuple(sorted((partitions[index] if partitions else {}).items()))
+        given = (partitions[index] if partitions else {}).items()
+        constants = tuple(sorted((k, v) for k, v in given if k not in schema.names))
         units.extend(Unit(file, g, rows, constants) for g, rows in enumerate(groups) if rows)
     if partition_schema is not None:
         extra = [f for f in partition_schema if f.name not in schema.names]
         schema = pa.schema(list(schema) + extra)
-    source = Source(name, tuple(units), schema, fs)
+    source = Source(name, tuple(units), schema, fs, kind)
     if source.rows == 0:
         raise ConfigError(f"{name!r} holds no rows; there is nothing to train on.")
     return source
@@ -160,10 +167,67 @@ def from_files(
 def parquet_source(
     path: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None
 ) -> Source:
-    """A :class:`Source` over a Parquet file, folder or glob (see the module doc for URLs)."""
+    """A :class:`Source` over a Parquet file, folder or glob (see the module doc for URLs).
+
+    Folders named ``column=value`` (Hive's and Spark's ``partitionBy`` layout) give their
+    files that column, with that value.
+    """
     text = os.fspath(path)
     fs, inner = filesystem_of(text, storage_options)
-    return from_files(text, fs, list_files(inner, fs))
+    files = list_files(inner, fs)
+    partitions, schema = hive_partitions(files, base=_base_of(inner))
+    return from_files(text, fs, files, partitions, schema)
+
+
+def arrow_source(
+    path: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None
+) -> Source:
+    """A :class:`Source` over Arrow IPC files (Feather v2): a file, a folder or a glob."""
+    text = os.fspath(path)
+    fs, inner = filesystem_of(text, storage_options)
+    files = list_files(inner, fs)
+    partitions, schema = hive_partitions(files, base=_base_of(inner))
+    return from_files(text, fs, files, partitions, schema, kind=ARROW_IPC)
+
+
+def _base_of(path: str) -> str:
+    parts = path.split("/")
+    first_glob = next((i for i, p in enumerate(parts) if _GLOB & set(p)), len(parts))
+    return "/".join(parts[:first_glob])
+
+
+def hive_partitions(files: Sequence[str], *, base: str) -> tuple[list[dict[str, Any]] | None, Any]:
+    """Each file's ``column=value`` folders under ``base`` as values, and their schema.
+
+    A column is int64 when every value is a whole number, else a string; ``None`` when the
+    files have no such folders (or not all the same columns).
+    """
+    import urllib.parse
+
+    pa = pyarrow()
+    found: list[dict[str, str]] = []
+    for file in files:
+        relative = file[len(base) :].strip("/").split("/")[:-1] if file.startswith(base) else []
+        pairs = [part.split("=", 1) for part in relative if "=" in part]
+        found.append({k: urllib.parse.unquote(v) for k, v in pairs})
+        null = [f"{k}={v}" for k, v in pairs if v == "__HIVE_DEFAULT_PARTITION__"]
+        if null:
+            raise ConfigError(
+                f"{file} lies in {null[0]}, Spark's folder for a null partition value, and a "
+                "tensor cannot hold a null: filter those rows out (df.where(col.isNotNull())) "
+                "before writing, or read the other folders only (a glob)."
+            )
+    names = list(found[0]) if found else []
+    if not names or any(list(f) != names for f in found):
+        return None, None
+    fields, values = [], []
+    for name in names:
+        column = [f[name] for f in found]
+        whole = all(v.lstrip("-").isdigit() for v in column)
+        fields.append(pa.field(name, pa.int64() if whole else pa.string()))
+        values.append([int(v) for v in column] if whole else column)
+    partitions = [dict(zip(names, row, strict=True)) for row in zip(*values, strict=True)]
+    return partitions, pa.schema(fields)
 
 
 def delta_source(

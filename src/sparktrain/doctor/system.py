@@ -20,8 +20,23 @@ SHM_FIX = (
 )
 
 
+#: torch's DataLoader workers hold up to workers x (prefetch_factor + 1) batches in /dev/shm.
+TORCH_WORKERS, TORCH_PREFETCH = 2, 2
+
+
+def torch_batch_limit(
+    size: int, workers: int = TORCH_WORKERS, prefetch: int = TORCH_PREFETCH
+) -> int:
+    """The largest batch, in bytes, torch's own workers can hand over in ``size`` bytes of shm."""
+    return size // (workers * (prefetch + 1))
+
+
 def shm_check(size: int | None) -> Check:
-    """The verdict on a ``/dev/shm`` of ``size`` bytes (``None``: no /dev/shm)."""
+    """The verdict on a ``/dev/shm`` of ``size`` bytes (``None``: no /dev/shm).
+
+    sparktrain's own DataLoader workers (``ds.loader()``'s default) need none; torch's (and
+    ``workers='torch'``) pass each batch through it, so the verdict says how large a batch fits.
+    """
     if size is None:
         return Check(
             name="shm",
@@ -30,17 +45,24 @@ def shm_check(size: int | None) -> Check:
             fix=SHM_FIX,
             facts={"bytes": None},
         )
-    facts = {"bytes": size, "minimum": MIN_SHM_BYTES}
+    limit = torch_batch_limit(size)
+    facts = {"bytes": size, "minimum": MIN_SHM_BYTES, "torch_batch_bytes": limit}
+    fits = (
+        f"torch's DataLoader workers ({TORCH_WORKERS}, prefetch_factor {TORCH_PREFETCH}) hand "
+        f"over batches of up to {limit / (1 << 20):.0f} MB through it; sparktrain's "
+        "ds.loader() workers need none"
+    )
     if size < MIN_SHM_BYTES:
         return Check(
             name="shm",
             verdict="warning",
-            found=f"/dev/shm is {gib(size)}, under {gib(MIN_SHM_BYTES)}: DataLoader workers "
-            "and NCCL can fail with 'No space left on device' or bus errors",
+            found=f"/dev/shm is {gib(size)}, under {gib(MIN_SHM_BYTES)}: {fits}; NCCL's "
+            "shared-memory transport and larger batches fail with 'No space left on device' "
+            "or bus errors",
             fix=SHM_FIX,
             facts=facts,
         )
-    return Check(name="shm", verdict="ok", found=f"/dev/shm is {gib(size)}", facts=facts)
+    return Check(name="shm", verdict="ok", found=f"/dev/shm is {gib(size)}: {fits}", facts=facts)
 
 
 def shm_size(path: str = "/dev/shm") -> int | None:

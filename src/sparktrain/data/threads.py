@@ -1,0 +1,98 @@
+"""DataLoader workers as threads of the rank: no hand-off between processes at all.
+
+pyarrow releases the GIL while it reads and decodes, and torch while it copies and gathers, so
+threads overlap much of a worker's work with the training step without a second process: the
+batches are the rank's own tensors (no copy, no shared memory), and the memory is the rank's.
+What holds the GIL (Python code in a ``transform``, the reader's bookkeeping) runs one thread at a
+time: measured here, threads beat worker processes when the work is pyarrow's and torch's, and
+lose to them when a ``transform`` does Python work on every row (docs/data.md, "Workers").
+
+Each thread has a bounded queue of ``prefetch`` batches; the threads are taken in turn, as
+processes are. The threads stop when the pass ends, breaks or fails; an error in a thread is
+raised at the batch it would have been.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+_END = object()
+#: Seconds a thread waits on a full queue before it looks whether it should stop.
+_POLL = 0.1
+#: Seconds to wait for a stopping thread.
+_JOIN = 30.0
+
+
+class _Failed:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class ThreadWorkers:
+    """``workers`` threads, each streaming ``produce(n)``; iterate for their batches in turn."""
+
+    def __init__(
+        self, produce: Callable[[int], Iterator[Any]], workers: int, *, prefetch: int = 2
+    ) -> None:
+        """Start the threads."""
+        self.stop = threading.Event()
+        self.queues: list[queue.Queue[Any]] = [
+            queue.Queue(max(1, prefetch)) for _ in range(workers)
+        ]
+        self.threads = [
+            threading.Thread(
+                target=self._run, args=(produce, n), name=f"sparktrain-data-{n}", daemon=True
+            )
+            for n in range(workers)
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    def _run(self, produce: Callable[[int], Iterator[Any]], number: int) -> None:
+        out = self.queues[number]
+        try:
+            for batch in produce(number):
+                if not self._put(out, batch):
+                    return
+            self._put(out, _END)
+        except BaseException as exc:
+            self._put(out, _Failed(exc))
+
+    def _put(self, out: queue.Queue[Any], item: Any) -> bool:
+        while not self.stop.is_set():
+            try:
+                out.put(item, timeout=_POLL)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __iter__(self) -> Iterator[Any]:
+        """Every thread's batches in turn; the threads stop at the end (or a break)."""
+        ended = [False] * len(self.queues)
+        try:
+            while not all(ended):
+                for number, source in enumerate(self.queues):
+                    if ended[number]:
+                        continue
+                    item = source.get()
+                    if item is _END:
+                        ended[number] = True
+                    elif isinstance(item, _Failed):
+                        raise item.error
+                    else:
+                        yield item
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stop the threads and wait for them: each stops at its next batch.
+
+        A daemon thread stuck in a read is left to the process's end, not waited on for ever.
+        """
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=_JOIN)

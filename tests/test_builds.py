@@ -232,7 +232,8 @@ def test_ranks_make_their_stores_without_dns() -> None:
 
 
 DEEPSPEED_CALLER = """
-import sys
+import signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as at a terminal, even under nohup
 sys.path.insert(0, {benchmarks!r})
 import stress_patterns
 from sparktrain import launch

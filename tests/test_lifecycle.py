@@ -14,7 +14,8 @@ import pytest
 from conftest import alive, descendants, wait_gone
 
 CALLER = """
-import os, sys, time
+import os, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as at a terminal, even under nohup
 from pathlib import Path
 from sparktrain import launch
 
@@ -38,7 +39,9 @@ def _start_caller(tmp_path: Path) -> tuple[subprocess.Popen[str], list[int], lis
     pids = tmp_path / "pids"
     pids.mkdir()
     proc = subprocess.Popen(
-        [sys.executable, str(script), str(pids)], stdout=subprocess.PIPE, text=True
+        [sys.executable, str(script), str(pids)],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     deadline = time.monotonic() + 60
     while len(list(pids.iterdir())) < 2:

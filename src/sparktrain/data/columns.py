@@ -15,6 +15,7 @@ naming the column. A null is an error naming the column and the row (file and po
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -82,8 +83,12 @@ def _is_time(kind: Any) -> bool:
     )  # fmt: skip
 
 
+@functools.lru_cache(maxsize=256)
 def kind_of(kind: Any) -> str | None:
-    """``number``, ``time``, ``list``, ``vector`` or ``text`` for a supported type, or ``None``."""
+    """``number``, ``time``, ``list``, ``vector`` or ``text`` for a supported type, or ``None``.
+
+    Cached by type: it is asked for every column of every decoded chunk.
+    """
     if _is_number(kind):
         return "number"
     if _is_time(kind):
@@ -149,21 +154,30 @@ def _numpy(array: Any) -> Any:
         return array.to_numpy(zero_copy_only=False)
 
 
+_quiet = False  # torch warns about a read-only array once per process: that once is ours
+
+
 def _tensor(values: Any) -> Any:
     import torch
 
+    global _quiet  # noqa: PLW0603 - a per-process fact
+    if _quiet or values.flags.writeable:
+        return torch.from_numpy(values)
     with warnings.catch_warnings():  # Arrow's buffers are owned here and never shared
         warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(values)
+        tensor = torch.from_numpy(values)
+    _quiet = True
+    return tensor
 
 
 def _list_tensor(array: Any) -> Any:
     import torch
 
     pa = pyarrow()
-    if pa.types.is_fixed_size_list(array.type):
+    if pa.types.is_fixed_size_list(array.type):  # no nulls (checked): values, sliced, suffice
         width = array.type.list_size
-        return _tensor(_numpy(array.flatten())).reshape(len(array), width)
+        values = array.values.slice(array.offset * width, len(array) * width)
+        return _tensor(_numpy(values)).reshape(len(array), width)
     lengths = np.diff(_numpy(array.offsets))  # value_lengths would import pyarrow.compute
     flat = _tensor(_numpy(array.flatten()))
     if len(lengths) and (lengths == lengths[0]).all():

@@ -17,7 +17,7 @@ from sparktrain.data.columns import pyarrow, to_tensors
 from sparktrain.data.remainder import Runs
 from sparktrain.data.sources import Source, Unit
 
-CHUNK_ROWS = 256  # decoded rows at a time: small enough to stay in the CPU cache
+CHUNK_ROWS = 1024  # decoded rows at a time: 3 MB of 784 float32 rows stays in the L3 cache
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ class _Cursor:
 
 
 def read_unit(
-    source: Source, unit: Unit, columns: tuple[str, ...], chunk: int = CHUNK_ROWS
+    source: Source, unit: Unit, columns: tuple[str, ...], chunk: int | None = None
 ) -> Iterator[Any]:
     """One unit's record batches of ``chunk`` rows, read by the source's format.
 
@@ -107,7 +107,8 @@ def read_unit(
     pa = pyarrow()
     constants = dict(unit.partition)
     stored = [c for c in columns if c not in constants]
-    batches = source.format.read(source.filesystem, unit.file, unit.row_group, stored, chunk)
+    rows = chunk or CHUNK_ROWS
+    batches = source.format.read(source.filesystem, unit.file, unit.row_group, stored, rows)
     for batch in batches:
         table = pa.Table.from_batches([batch])
         for name in columns:

@@ -1,5 +1,7 @@
 """What ``/proc`` says about a process: its state, parent and start time (Linux only).
 
+Also :func:`die_with_parent`, the one ``prctl`` by which a forked child follows its parent.
+
 Fields are those of ``proc(5)``'s ``/proc/<pid>/stat``, counted from the one after the command
 name (whose parentheses may hold anything): index 0 is the state, 1 the parent PID, 19 the start
 time in clock ticks since boot. Every function answers ``None`` where there is no such process
@@ -9,6 +11,7 @@ or no ``/proc``.
 from __future__ import annotations
 
 STATE, PARENT, START = 0, 1, 19
+_PR_SET_PDEATHSIG = 1
 
 
 def stat_fields(pid: int | str) -> list[bytes] | None:
@@ -60,3 +63,18 @@ def descendants(pid: int) -> list[int]:
         found += children
         todo += children
     return [p for p in found if running(p)]
+
+
+def die_with_parent(parent: int) -> None:
+    """Have the kernel SIGKILL this process when ``parent`` dies; exit now if it already has."""
+    import ctypes
+    import os
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        return
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)

@@ -69,10 +69,14 @@ class ArrowIPC:
     name = "Arrow IPC"
 
     def units(self, fs: Any, file: str) -> tuple[Any, list[int]]:
-        """The file's schema and the rows of each record batch (the batches are read once)."""
+        """The file's schema and the rows of each record batch.
+
+        A local file is memory-mapped, so counting a batch's rows touches its header only; a
+        remote one is read once.
+        """
         from pyarrow import ipc
 
-        with fs.open_input_file(file) as handle:
+        with _opened(fs, file) as handle:
             reader = ipc.open_file(handle)
             rows = [reader.get_batch(i).num_rows for i in range(reader.num_record_batches)]
             return reader.schema, rows
@@ -83,10 +87,20 @@ class ArrowIPC:
         """One record batch, sliced ``chunk`` rows at a time."""
         from pyarrow import ipc
 
-        with fs.open_input_file(file) as handle:
+        with fs.open_input_file(file) as handle:  # read, not mapped: batches outlive the file
             batch = ipc.open_file(handle).get_batch(unit).select(list(columns))
         for start in range(0, batch.num_rows, chunk):
             yield batch.slice(start, chunk)
+
+
+def _opened(fs: Any, file: str) -> Any:
+    """``file`` open for reading its structure: memory-mapped where it is local."""
+    import pyarrow as pa
+    from pyarrow import fs as pafs
+
+    if isinstance(fs, pafs.LocalFileSystem):
+        return pa.memory_map(file)
+    return fs.open_input_file(file)
 
 
 PARQUET = Parquet()

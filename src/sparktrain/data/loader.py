@@ -13,7 +13,7 @@ How workers hand their batches over (``workers=``):
   new shared-memory file for every batch, which cost two thirds of the throughput here.
 - ``"threads"``: worker threads in the rank (:mod:`~sparktrain.data.threads`): no second process,
   no shared memory; pyarrow and torch release the GIL, Python code in a ``transform`` does not,
-  so threads lead when the work is theirs and processes lead when a transform is Python.
+  so only processes spread a transform's Python over cores.
 - ``"torch"``: torch's own DataLoader workers, for options only they have
   (``multiprocessing_context``, ``timeout``...).
 

@@ -100,9 +100,9 @@ def layout(batch: dict[str, Any]) -> tuple[list[Column], dict[str, Any], int]:
 class Slot:
     """One reusable buffer of shared memory."""
 
-    def __init__(self, number: int, fd: int, size: int, *, owner: bool) -> None:
-        """Map ``size`` bytes of the memory file ``fd`` (``owner``: this process made it)."""
-        self.number, self.fd, self.size, self.owner = number, fd, size, owner
+    def __init__(self, number: int, fd: int, size: int) -> None:
+        """Map ``size`` bytes of the memory file ``fd`` (closed with the slot)."""
+        self.number, self.fd, self.size = number, fd, size
         self.memory = mmap.mmap(fd, size)
         self.base = np.frombuffer(self.memory, dtype=np.uint8)
 
@@ -113,7 +113,7 @@ class Slot:
         fd = os.memfd_create(f"sparktrain-slot-{number}", os.MFD_CLOEXEC)
         try:
             os.ftruncate(fd, size)
-            return cls(number, fd, size, owner=True)
+            return cls(number, fd, size)
         except BaseException:
             os.close(fd)
             raise
@@ -122,7 +122,7 @@ class Slot:
     def attach(cls, number: int, fd: int, size: int) -> Slot:
         """The slot a worker made, from the descriptor ``fd`` it sent (in the rank; taken over)."""
         try:
-            return cls(number, fd, size, owner=False)
+            return cls(number, fd, size)
         except BaseException:
             os.close(fd)
             raise

@@ -172,22 +172,24 @@ def parquet_source(
     Folders named ``column=value`` (Hive's and Spark's ``partitionBy`` layout) give their
     files that column, with that value.
     """
-    text = os.fspath(path)
-    fs, inner = filesystem_of(text, storage_options)
-    files = list_files(inner, fs)
-    partitions, schema = hive_partitions(files, base=_base_of(inner))
-    return from_files(text, fs, files, partitions, schema)
+    return _file_source(path, storage_options, PARQUET)
 
 
 def arrow_source(
     path: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None
 ) -> Source:
     """A :class:`Source` over Arrow IPC files (Feather v2): a file, a folder or a glob."""
+    return _file_source(path, storage_options, ARROW_IPC)
+
+
+def _file_source(
+    path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None, kind: Format
+) -> Source:
     text = os.fspath(path)
     fs, inner = filesystem_of(text, storage_options)
     files = list_files(inner, fs)
     partitions, schema = hive_partitions(files, base=_base_of(inner))
-    return from_files(text, fs, files, partitions, schema, kind=ARROW_IPC)
+    return from_files(text, fs, files, partitions, schema, kind=kind)
 
 
 def _base_of(path: str) -> str:

@@ -19,7 +19,6 @@ worker's traceback, at the batch it would have been.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import gc
 import os
@@ -33,11 +32,11 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from sparktrain import procfs
 from sparktrain.data.slots import Column, Slot, entries, layout, rebuild
 from sparktrain.errors import ConfigError
 
 _HEADER = struct.Struct("!Q")
-_PR_SET_PDEATHSIG = 1
 
 
 def _send(sock: socket.socket, message: Any) -> None:
@@ -91,13 +90,6 @@ class WorkerError(RuntimeError):
 
 
 # -- inside the worker ------------------------------------------------------------------------
-def _die_with(parent: int) -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:
-        os._exit(1)
-
-
 class _Producer:
     """A worker's end: its slots, its credit, and the loop that fills them."""
 
@@ -185,7 +177,7 @@ def _start(
         try:
             for sock in (ours, *others):  # the rank's ends: only the rank may hold them
                 sock.close()
-            _die_with(parent)
+            procfs.die_with_parent(parent)
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the rank's to handle
             import torch
 

@@ -20,9 +20,9 @@ import os
 import sys
 import threading
 import time
-from pathlib import Path
 from types import FrameType
 
+from sparktrain import procfs
 from sparktrain.rank import reporting
 
 #: Seconds between two looks at the main thread.
@@ -30,6 +30,7 @@ EVERY = 0.5
 #: CPU seconds the main thread must have used since the last look for an import to count.
 MIN_CPU = 0.02
 _LOADER = "_find_and_load"
+_UTIME, _STIME = 11, 12  # in procfs.stat_fields' numbering (proc(5)'s utime and stime)
 
 
 def importing(frame: FrameType | None) -> str | None:
@@ -46,12 +47,10 @@ def importing(frame: FrameType | None) -> str | None:
 
 def _cpu_seconds(tid: int) -> float | None:
     """CPU seconds thread ``tid`` of this process has used (``/proc``), or ``None``."""
-    try:
-        stat = Path(f"/proc/self/task/{tid}/stat").read_text()
-        fields = stat.rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+    fields = procfs.stat_fields(f"self/task/{tid}")
+    if fields is None:
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return (int(fields[_UTIME]) + int(fields[_STIME])) / os.sysconf("SC_CLK_TCK")
 
 
 def _watch(main: threading.Thread, tid: int) -> None:

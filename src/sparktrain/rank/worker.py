@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import datetime
 import faulthandler
 import os
@@ -41,7 +40,6 @@ from sparktrain.launchplan.entrypoint import ScriptEntry
 from sparktrain.rank import extensions, imports, process_groups, reporting, stores
 from sparktrain.rank.paths import error_path, payload_path, result_path, stack_path, wait_path
 
-_PR_SET_PDEATHSIG = 1
 _stack_file: Any = None
 
 
@@ -101,17 +99,6 @@ def _write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
-
-
-def _die_with_parent(parent: int) -> None:
-    """Have the kernel SIGKILL this rank if the fork server (``parent``) dies."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):  # pragma: no cover - not Linux
-        return
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)
 
 
 def caller_alive(server: int, caller: int) -> bool:
@@ -268,7 +255,7 @@ def run_rank(req: RankRequest, fds: RankFds, server: int, caller: int) -> int:
         server: The fork server's PID (this process's parent).
         caller: The PID of the process that started the fork server.
     """
-    _die_with_parent(server)
+    procfs.die_with_parent(server)
     code = _run_and_record(req, fds, caller)
     reporting.flush()  # the newest report, held back by coalescing, still arrives
     _announce(fds.status, code)

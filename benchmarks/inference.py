@@ -67,6 +67,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 from train_mlp import make_model
 
 FEATURES = 784
+NO_SPARK = "(n) no Spark: 2 processes read+run"
+SCORED = "(i) score() -> Parquet, no Spark"
 EXECUTORS = 2
 FILE_ROWS = 50_000
 
@@ -188,6 +190,66 @@ def limit(model: nn.Module, data: Path, batch: int, gpu: bool) -> float:
     return len(x) / seconds * EXECUTORS
 
 
+def _plain_worker(payload: bytes, pieces: list[tuple[str, int]], batch: int) -> tuple[float, ...]:
+    """(n), in one process: read row groups with pyarrow, run the model; rows, start, end."""
+    import cloudpickle
+    import pyarrow.parquet as pq
+
+    torch.set_num_threads(1)
+    model = cloudpickle.loads(payload)
+    rows, started = 0, time.time()
+    with torch.inference_mode():
+        for file, group in pieces:
+            handle = pq.ParquetFile(file)
+            for chunk in handle.iter_batches(batch, row_groups=[group], columns=["features"]):
+                column = chunk.column(0)
+                x = torch.from_numpy(column.flatten().to_numpy()).reshape(len(column), FEATURES)
+                model(x)
+                rows += len(column)
+    return rows, started, time.time()
+
+
+def plain_processes(model: nn.Module, data: Path, batch: int) -> float:
+    """(n): rows/s of EXECUTORS plain processes (no Spark), each reading its share of the row
+    groups with pyarrow and running the model on one thread; from the first start to the last
+    end."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    import cloudpickle
+    import pyarrow.parquet as pq
+
+    pieces = [
+        (str(f), g)
+        for f in sorted(data.glob("*.parquet"))
+        for g in range(pq.ParquetFile(f).metadata.num_row_groups)
+    ]
+    payload = cloudpickle.dumps(model)
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(EXECUTORS, mp_context=context) as pool:
+        list(
+            pool.map(
+                _plain_worker, [payload] * EXECUTORS, [pieces[:1]] * EXECUTORS, [batch] * EXECUTORS
+            )
+        )  # fmt: skip  (warm: imports, first forward)
+        shares = [pieces[i::EXECUTORS] for i in range(EXECUTORS)]
+        done = list(pool.map(_plain_worker, [payload] * EXECUTORS, shares, [batch] * EXECUTORS))
+    rows = sum(d[0] for d in done)
+    return rows / (max(d[2] for d in done) - min(d[1] for d in done))
+
+
+def score_files(model: nn.Module, data: Path, batch: int, out: Path) -> float:
+    """(i): rows/s of ``sparktrain.inference.score`` on EXECUTORS local ranks, no Spark, to
+    Parquet files (the whole call: the ranks' start included)."""
+    from sparktrain.inference import score
+
+    result = score(
+        str(data), model, output=str(out), input_cols="features", keep_cols=["id"],
+        batch_size=batch, num_processes=EXECUTORS, overwrite=True, progress=False,
+    )  # fmt: skip
+    return result.rows / result.seconds
+
+
 def paths(
     spark: Any, model: nn.Module, batch: int, gpu: bool, work: Path
 ) -> dict[str, Callable[[Any], Any]]:
@@ -198,7 +260,7 @@ def paths(
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    from sparktrain.spark import TorchModel
+    from sparktrain.spark import TorchModel, predict
 
     payload = cloudpickle.dumps(model)
     ours = TorchModel(model, task="raw", inferenceBatchSize=batch, useGpu=gpu or None)
@@ -248,7 +310,13 @@ def paths(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         only_transfer = F.arrow_udf(transfer, "float", F.ArrowUDFType.SCALAR_ITER)
+
+    def files_path(df: Any) -> Any:
+        return predict(df, model, input_cols="features", keep_cols=["id"], batch_size=batch)
+
     return {
+        "(g) predict, files path -> noop": files_path,
+        "(h) predict, files path -> Parquet": files_path,
         "(b) TorchModel.transform": ours.transform,
         "(b') transform, classification": classes.transform,
         "(c) predict_batch_udf": lambda df: df.withColumn("prediction", batch_udf("features")),
@@ -260,10 +328,12 @@ def paths(
     }
 
 
-def check(name: str, scored: Any, model: nn.Module) -> None:
-    """The path's predictions on the first rows equal the model's own."""
+def check(name: str, scored: Any, model: nn.Module, first: Any) -> None:
+    """The path's predictions on the first rows equal the model's own, matched by id."""
     rows = scored.orderBy("id").collect()
-    x = torch.tensor(np.array([r.features for r in rows]), dtype=torch.float32)
+    inputs = first.orderBy("id").collect()
+    assert [r.id for r in rows] == [r.id for r in inputs], f"{name}: other rows"
+    x = torch.tensor(np.array([r.features for r in inputs]), dtype=torch.float32)
     with torch.inference_mode():
         expected = model.cpu()(x)
     value = rows[0].prediction
@@ -275,9 +345,13 @@ def check(name: str, scored: Any, model: nn.Module) -> None:
         assert torch.allclose(got, expected, atol=1e-4), f"{name}: predictions differ"
 
 
-def timed(df: Any) -> float:
+def timed(df: Any, parquet: str | None = None) -> float:
+    """Seconds for a full pass: to Spark's noop sink, or written as Parquet to ``parquet``."""
     started = time.perf_counter()
-    df.select("prediction").write.format("noop").mode("overwrite").save()
+    if parquet is None:
+        df.select("prediction").write.format("noop").mode("overwrite").save()
+    else:
+        df.write.mode("overwrite").parquet(parquet)
     return time.perf_counter() - started
 
 
@@ -288,21 +362,31 @@ def run_model(
     rows = args.rows
     log(f"{name}: (a) the limit")
     results = {"(a) limit: forward x executors": limit(model, data, args.batch, args.gpu)}
-    every = paths(spark, model, args.batch, args.gpu, work)
     wanted = set(args.paths.split(","))
+    if "n" in wanted and not args.gpu:
+        log(f"{name}: (n) plain processes, no Spark")
+        results[NO_SPARK] = statistics.median(
+            plain_processes(model, data, args.batch) for _ in range(args.repeat)
+        )
+    if "i" in wanted and not args.gpu:
+        log(f"{name}: (i) sparktrain.inference.score, no Spark")
+        results[SCORED] = statistics.median(
+            score_files(model, data, args.batch, work / "scored") for _ in range(args.repeat)
+        )
+    every = paths(spark, model, args.batch, args.gpu, work)
     ways = {way: make for way, make in every.items() if way[1 : way.index(")")] in wanted}
     if args.gpu:
         ways.pop("(d) mlflow spark_udf", None)  # its pyfunc loads on the CPU
     first = df.where("id < 200")  # Parquet statistics: only the first row group is read
     for way, make in ways.items():
         if "(f)" not in way:
-            check(way, make(first), model)
+            check(way, make(first), model, first)
     log(f"{name}: warm-up pass")
     timed(every["(f) transfer alone"](df))
     seconds: dict[str, list[float]] = {way: [] for way in ways}
     for attempt in range(args.repeat):
         for way, make in ways.items():
-            took = timed(make(df))
+            took = timed(make(df), str(work / "out") if "-> Parquet" in way else None)
             seconds[way].append(took)
             log(f"{name} {way} run {attempt + 1}: {took:.1f}s, {rows / took:,.0f} rows/s")
     for way, took in seconds.items():
@@ -336,7 +420,19 @@ def report(tables: dict[str, dict[str, float]], args: argparse.Namespace) -> Non
             print(f"  {'':<12} {way:<34} {value:>10,.0f} {fmt(ratio(value, top)):>7}")
         ours = table.get("(b) TorchModel.transform")
         best = max(table.get("(c) predict_batch_udf", 0), table.get("(d) mlflow spark_udf", 0))
+        plain, batch_udf = table.get(NO_SPARK), table.get("(c) predict_batch_udf")
+        noop = table.get("(g) predict, files path -> noop")
+        parquet = table.get("(h) predict, files path -> Parquet")
         for label, value, target in (
+            ("(g)/(n): files path, noop", ratio(noop, plain), 0.8),
+            ("(g)/(c)", ratio(noop, batch_udf), 2.0),
+            ("(h)/(n): files path, Parquet", ratio(parquet, plain), 0.8),
+            ("(h)/(c)", ratio(parquet, batch_udf), 2.0),
+            (
+                "(i)/(n): score(), no Spark",
+                ratio(table.get("(i) score() -> Parquet, no Spark"), plain),
+                None,
+            ),
             ("(b)/(a)", ratio(ours, top), 0.7),
             ("(b)/best of (c),(d)", ratio(ours, best or None), 1.5),
             ("(f)/(a): the transfer's ceiling", ratio(table.get("(f) transfer alone"), top), None),
@@ -354,7 +450,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="mlp,transformer")
     parser.add_argument("--gpu", action="store_true", help="one GPU per executor")
     parser.add_argument("--data", default=None, help="folder for the data (kept between runs)")
-    parser.add_argument("--paths", default="a,b,b',c,d,e,f", help="paths to time, e.g. b,c")
+    parser.add_argument(
+        "--paths", default="a,n,g,h,i,b,b',c,d,e,f", help="paths to time, e.g. n,g,c"
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault(BENCH_TAG_VAR, uuid.uuid4().hex)
     os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
@@ -370,6 +468,9 @@ def main(argv: list[str] | None = None) -> int:
                 tables[name] = run_model(spark, name, model, args, data=data, work=Path(scratch))
             peak = workers_peak_mb()
         finally:
+            import sparktrain
+
+            sparktrain.shutdown_warm()  # the fork server score() started
             spark.stop()
             shutdown_gateway()  # the driver JVM, which spark.stop() leaves running
     report(tables, args)

@@ -262,3 +262,11 @@ def test_pipeline_stages_on_ray(ray_address: str) -> None:
         ray_address=ray_address,
     )
     assert result.value[0] == pytest.approx(test_pipeline.reference(), rel=1e-5, abs=1e-6)
+
+
+def test_score_files_on_ray_restarts_and_skips_written_parts(
+    ray_address: str, tmp_path: Path
+) -> None:
+    from test_inference import scored_through_a_crash
+
+    scored_through_a_crash(tmp_path, backend="ray", ray_address=ray_address)

@@ -13,7 +13,8 @@ from sparktrain import ConfigError
 pa = pytest.importorskip("pyarrow")
 pytest.importorskip("pyspark")
 
-from sparktrain.spark import outputs, scoring, tasks  # noqa: E402
+from sparktrain.inference import outputs  # noqa: E402
+from sparktrain.spark import scoring, tasks  # noqa: E402
 from sparktrain.spark.scoring import Where, input_tensors  # noqa: E402
 
 

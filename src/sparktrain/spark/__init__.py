@@ -19,8 +19,8 @@ from sparktrain.errors import ConfigError
 
 if TYPE_CHECKING:
     from sparktrain.spark.estimator import TorchEstimator
-    from sparktrain.spark.inference import predict
     from sparktrain.spark.model import TorchModel
+    from sparktrain.spark.predict import predict
     from sparktrain.spark.training import FitContext
 
 __all__ = ["FitContext", "TorchEstimator", "TorchModel", "predict"]
@@ -29,7 +29,7 @@ _LAZY = {
     "FitContext": "sparktrain.spark.training",
     "TorchEstimator": "sparktrain.spark.estimator",
     "TorchModel": "sparktrain.spark.model",
-    "predict": "sparktrain.spark.inference",
+    "predict": "sparktrain.spark.predict",
 }
 
 

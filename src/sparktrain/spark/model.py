@@ -17,7 +17,9 @@ from pyspark.ml import Model
 from pyspark.ml.util import MLReadable, MLWritable
 
 from sparktrain.errors import ConfigError
-from sparktrain.spark import inference, outputs, tasks
+from sparktrain.inference import outputs
+from sparktrain.inference.models import model_payload
+from sparktrain.spark import inference, tasks
 from sparktrain.spark.params import TorchParams, quoted, set_given
 from sparktrain.spark.persistence import StageReader, StageWriter
 from sparktrain.spark.scoring import Scorer
@@ -150,7 +152,7 @@ class TorchModel(TorchSetters, Model, TorchParams, MLReadable["TorchModel"], MLW
                 *inference.sample_output(self.torch_model, dataset, inputs)
             )
         if self._payload is None:
-            self._payload = inference.model_payload(self.torch_model)
+            self._payload = model_payload(self.torch_model)
         fields = [f for f, _ in pairs]
         scorer = Scorer(
             key=self._payload[0],

@@ -1,0 +1,310 @@
+"""Batch inference over files: :func:`score` writes predictions as Parquet or Delta files.
+
+The rows never pass through Spark's JVM: each rank of a launch (on this machine, on Spark
+executors or on Ray) reads its parts' row groups from the files, runs the model, and writes the
+part's output file atomically (:mod:`sparktrain.inference.files`). A run killed half way,
+or a rank restarted by ``max_restarts``, resumes: parts already written are not scored again,
+and every input row has exactly one output row. :func:`make_plan` is shared with
+``sparktrain.spark.predict``, which hands the same parts back as a Spark DataFrame.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sparktrain.data.sources import Source
+from sparktrain.errors import ConfigError
+from sparktrain.inference import files, outputs
+from sparktrain.inference.batches import AUTOCAST
+from sparktrain.inference.models import load_model, model_identity, model_payload, run_sample
+from sparktrain.inference.parts import PART_ROWS, ScoringPlan, check_columns, plan_parts
+
+
+@dataclass(frozen=True)
+class ScoreResult:
+    """What :func:`score` did.
+
+    Attributes:
+        output: The output folder.
+        parts: Parts in the output.
+        rows: Rows in the output.
+        scored_parts: Parts this call scored (the others were done before it).
+        seconds: How long the call took.
+    """
+
+    output: str
+    parts: int
+    rows: int
+    scored_parts: int
+    seconds: float
+
+
+def as_source(data: Any, storage_options: Mapping[str, Any] | None = None) -> Source:
+    """The :class:`~sparktrain.data.sources.Source` of a path, a Source or a streaming dataset.
+
+    A folder with a ``_delta_log`` is a Delta table; another path is Parquet.
+    """
+    from sparktrain.data import sources
+
+    if isinstance(data, Source):
+        return data
+    found = getattr(data, "source", None)
+    if isinstance(found, Source):
+        return found
+    if isinstance(data, (str, os.PathLike)):
+        text = os.fspath(data)
+        fs, inner = sources.filesystem_of(text, storage_options)
+        import pyarrow.fs as pafs
+
+        if fs.get_file_info(f"{inner.rstrip('/')}/_delta_log").type == pafs.FileType.Directory:
+            return sources.delta_source(text, storage_options=storage_options)
+        return sources.parquet_source(text, storage_options=storage_options)
+    raise ConfigError(
+        f"cannot score {type(data).__name__}: pass a path (Parquet files or a Delta table), a "
+        "sparktrain.data dataset or source, or (to sparktrain.spark.predict) a Spark DataFrame."
+    )
+
+
+def _names(value: object, what: str, *, empty: bool = False) -> tuple[str, ...]:
+    names = (value,) if isinstance(value, str) else value
+    if names is None and empty:
+        return ()
+    if (
+        not isinstance(names, Sequence)
+        or (not names and not empty)
+        or not all(isinstance(n, str) and n for n in names)
+    ):
+        raise ConfigError(f"{what}={value!r} must be a column name or a list of column names.")
+    return tuple(names)
+
+
+def _positive(name: str, value: object, *, optional: bool = False) -> Any:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name}={value!r} must be a positive whole number.")
+    return value
+
+
+def make_plan(
+    source: Source,
+    model: Any,
+    *,
+    input_cols: str | Sequence[str],
+    keep_cols: str | Sequence[str] | None = None,
+    output_col: str = "prediction",
+    preprocess: Callable[[Any], Any] | None = None,
+    batch_size: int = 1024,
+    batch_tokens: int | None = None,
+    rows_per_part: int | None = None,
+    use_gpu: bool | None = None,
+    autocast: str | None = None,
+    row_filter: tuple[Any, str, tuple[str, ...]] | None = None,
+) -> ScoringPlan:
+    """Check every argument and make the plan (the model runs once, here, on the first rows).
+
+    Raises:
+        ConfigError: A bad argument, a missing column, or a model or ``preprocess`` that fails
+            on the first rows.
+    """
+    from sparktrain.data.reader import read_unit
+
+    inputs = _names(input_cols, "input_cols")
+    keep = _names(keep_cols, "keep_cols", empty=True)
+    check_columns(source, inputs, "input_cols")
+    check_columns(source, keep, "keep_cols")
+    if not isinstance(output_col, str) or not output_col or output_col in keep:
+        raise ConfigError(
+            f"output_col={output_col!r} must be a column name other than the kept columns {keep}."
+        )
+    if autocast not in (None, *AUTOCAST):
+        raise ConfigError(f"autocast={autocast!r} must be None, 'bf16' or 'fp16'.")
+    if use_gpu is not None and not isinstance(use_gpu, bool):
+        raise ConfigError(f"use_gpu={use_gpu!r} must be True, False or None (the rank's GPU).")
+    if preprocess is not None and not callable(preprocess):
+        raise ConfigError(f"preprocess={preprocess!r} must be a function of an Arrow table.")
+    batch_size = _positive("batch_size", batch_size)
+    batch_tokens = _positive("batch_tokens", batch_tokens, optional=True)
+    rows_per_part = _positive("rows_per_part", rows_per_part or PART_ROWS)
+    loaded = load_model(model)
+    first = next(read_unit(source, source.units[0], inputs, chunk=2))
+    spec = outputs.describe(
+        run_sample(loaded, first, inputs, preprocess=preprocess, autocast=autocast),
+        first.num_rows,
+    )
+    key, payload = model_payload(loaded)
+    hook = model_payload(preprocess)[1] if preprocess is not None else None
+    expression, text, columns = row_filter or (None, "", ())
+    return ScoringPlan(
+        source=source,
+        parts=plan_parts(source, rows_per_part),
+        inputs=inputs,
+        keep=keep,
+        output_col=output_col,
+        spec=spec,
+        model_key=key,
+        model_id=model_identity(loaded, payload),
+        model=payload,
+        preprocess=hook,
+        batch_size=batch_size,
+        batch_tokens=batch_tokens,
+        use_gpu=use_gpu,
+        autocast=autocast,
+        row_filter=expression,
+        filter_text=text,
+        filter_columns=tuple(columns),
+    )
+
+
+def score_rank(plan: ScoringPlan, output: str, todo: tuple[int, ...], options: Any) -> int:
+    """A rank's work: its share of the parts not yet written; the rows it wrote.
+
+    Parts written by an earlier attempt (``max_restarts``) are skipped here too.
+    """
+    import sparktrain
+    from sparktrain.inference.reading import coalesced, device_for_rank, score_part
+    from sparktrain.rank.env import contract_int
+
+    rank, world = contract_int("RANK", 0), contract_int("WORLD_SIZE", 1)
+    done = files.done_parts(output, options)
+    mine = [i for i in todo[rank::world] if i not in done]
+    device = device_for_rank(plan.use_gpu)
+    rows = 0
+    for step, index in enumerate(mine, start=1):
+        part = plan.parts[index]
+        batches = coalesced(score_part(plan, part, device), PART_ROWS)  # one row group a part
+        rows += files.write_part(output, index, plan.output_schema(), batches, options)
+        sparktrain.report(step=step, total=len(mine), rows=rows)
+    return rows
+
+
+def score(
+    data: Any,
+    model: Any,
+    *,
+    output: str | os.PathLike[str],
+    input_cols: str | Sequence[str],
+    keep_cols: str | Sequence[str] | None = None,
+    output_col: str = "prediction",
+    format: str = "parquet",
+    preprocess: Callable[[Any], Any] | None = None,
+    batch_size: int = 1024,
+    batch_tokens: int | None = None,
+    rows_per_part: int | None = None,
+    use_gpu: bool | None = None,
+    autocast: str | None = None,
+    overwrite: bool = False,
+    num_processes: int | None = None,
+    backend: str = "local",
+    storage_options: Mapping[str, Any] | None = None,
+    **run_options: Any,
+) -> ScoreResult:
+    """Score every row of ``data`` with ``model``; write the predictions to ``output``.
+
+    Args:
+        data: Parquet files (a file, folder or glob; local or a URL), a Delta table's folder, a
+            ``sparktrain.data`` dataset or source.
+        model: A ``torch.nn.Module`` (or any function of tensors), or an MLflow model URI of a
+            PyTorch model (``runs:/<run id>/model``).
+        output: The folder to write: one Parquet file per part (docs/spark-ml.md, "Inference
+            at scale").
+        input_cols: The columns the model takes, in order (numbers, arrays of numbers), or
+            that ``preprocess`` reads.
+        keep_cols: Columns written with the prediction (an id, say).
+        output_col: The prediction's column.
+        format: ``"parquet"`` or ``"delta"`` (one commit when every part is written).
+        preprocess: A function of an Arrow table of ``input_cols`` that returns the model's
+            inputs: a tensor, a tuple of tensors, or a dict of tensors (keyword arguments, as a
+            Hugging Face tokenizer returns). It runs in the ranks, beside the reading.
+        batch_size: Rows read at a time, and per forward pass.
+        batch_tokens: With ``preprocess``: at most this many tokens (rows x padded length)
+            per forward pass.
+        rows_per_part: Rows per output part (about; whole row groups), 50,000 by default.
+        use_gpu: ``True``: each rank's GPU; ``False``: the CPU; ``None``: the GPU when torch
+            sees one.
+        autocast: ``"bf16"`` or ``"fp16"`` to run the forward pass in half precision.
+        overwrite: Delete what ``output`` holds first; else a run of the same scoring resumes.
+        num_processes: Ranks; by default this machine's CPUs (at most one per part). Give it
+            for ``backend="spark"`` or ``"ray"``.
+        backend: ``"local"``, ``"spark"`` or ``"ray"``, as for :func:`sparktrain.launch`.
+        storage_options: Credentials for a remote ``data`` or ``output`` (as fsspec takes).
+        **run_options: Run options of :func:`sparktrain.launch` (``max_restarts``,
+            ``timeout``, ``progress``, ...).
+
+    Returns:
+        A :class:`ScoreResult`.
+
+    Raises:
+        ConfigError: A bad argument, a missing column, or an output folder holding another
+            scoring. Errors in the ranks (a null, a row of the wrong length, a file that cannot
+            be read) name the file and the row.
+    """
+    from sparktrain.driver.launch import launch
+
+    started = time.monotonic()
+    target = os.fspath(output)
+    if "://" not in target and not target.startswith("dbfs:/"):
+        target = os.path.abspath(os.path.expanduser(target))  # the ranks' working folder differs
+    source = as_source(data, storage_options)
+    plan = make_plan(
+        source,
+        model,
+        input_cols=input_cols,
+        keep_cols=keep_cols,
+        output_col=output_col,
+        preprocess=preprocess,
+        batch_size=batch_size,
+        batch_tokens=batch_tokens,
+        rows_per_part=rows_per_part,
+        use_gpu=use_gpu,
+        autocast=autocast,
+    )
+    done, finished = files.prepare(
+        target, plan.fingerprint(), fmt=format, overwrite=overwrite, storage_options=storage_options
+    )
+    todo = tuple(p.index for p in plan.parts if p.index not in done)
+    if num_processes is None:
+        if backend != "local":
+            raise ConfigError(f"backend={backend!r}: give num_processes, the number of ranks.")
+        num_processes = max(1, min(os.cpu_count() or 1, len(todo)))
+    _positive("num_processes", num_processes)
+    print(
+        f"sparktrain.score: {len(plan.parts)} parts ({source.rows:,} rows) of {source.name} "
+        f"-> {target}, read from the files by {num_processes} rank(s) on {backend}"
+        + (f"; {len(done)} part(s) already written, not scored again" if done else ""),
+        file=sys.stderr,
+        flush=True,
+    )
+    if todo and not finished:
+        launch(
+            score_rank,
+            args=(plan, target, todo, storage_options),
+            num_processes=min(num_processes, len(todo)),
+            backend=backend,
+            **run_options,
+        )
+    if finished:
+        rows = sum(_rows_in(target, storage_options))
+    else:
+        rows = files.finish(
+            target, len(plan.parts), plan.output_schema(), fmt=format,
+            storage_options=storage_options,
+        )  # fmt: skip
+    return ScoreResult(target, len(plan.parts), rows, len(todo), time.monotonic() - started)
+
+
+def _rows_in(output: str, storage_options: Mapping[str, Any] | None) -> list[int]:
+    import pyarrow.parquet as pq
+
+    from sparktrain.data.sources import filesystem_of
+
+    fs, folder = filesystem_of(output, storage_options)
+    return [
+        pq.ParquetFile(f"{folder}/{files.part_name(i)}", filesystem=fs).metadata.num_rows
+        for i in sorted(files.done_parts(output, storage_options))
+    ]

@@ -1,0 +1,113 @@
+"""Batch inference over files on Spark: ``predict``'s files path and ``score`` on executors.
+
+The session fixture's real ``local-cluster`` runs every check; outputs are compared with the
+model's own forward pass, matched by id.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from sparktrain import ConfigError
+
+pytestmark = pytest.mark.spark
+pytest.importorskip("pyspark")
+
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+
+from sparktrain.spark import predict  # noqa: E402
+from test_inference import (  # noqa: E402
+    WIDTH,
+    make_model,
+    scored_through_a_crash,
+    write_features,
+)
+
+
+def _expected(data: Path, ids: list[int]) -> np.ndarray:
+    source = pq.read_table(data).sort_by("id")
+    x = torch.from_numpy(np.stack(source.column("x").to_numpy(zero_copy_only=False)))
+    with torch.inference_mode():
+        return make_model()(x).numpy()[ids]
+
+
+def _rows(df: Any) -> tuple[list[int], np.ndarray]:
+    rows = df.orderBy("id").collect()
+    return [r.id for r in rows], np.array([r.prediction for r in rows], dtype=np.float32)
+
+
+def test_a_plain_scan_is_read_in_the_workers(
+    spark: Any, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    data = write_features(tmp_path / "in")
+    df = spark.read.parquet(str(data))
+    scored = predict(df, make_model(), input_cols="x", keep_cols="id")
+    assert "the files path (the DataFrame is a plain scan" in capfd.readouterr().err
+    assert scored.columns == ["id", "prediction"]
+    ids, got = _rows(scored)
+    assert ids == list(range(6000))
+    np.testing.assert_allclose(got, _expected(data, ids), rtol=1e-5, atol=1e-5)
+    filtered = predict(df.where("id >= 10 and id < 4010").select("x", "id"), make_model(),
+                       input_cols="x")  # fmt: skip
+    assert "rows where" in capfd.readouterr().err
+    assert filtered.columns == ["x", "id", "prediction"]
+    ids, got = _rows(filtered)
+    assert ids == list(range(10, 4010))
+    np.testing.assert_allclose(got, _expected(data, ids), rtol=1e-5, atol=1e-5)
+    written = tmp_path / "written"
+    scored.write.parquet(str(written))  # a lazy DataFrame: Spark's writer works as usual
+    assert pq.read_table(written).num_rows == 6000
+
+
+def test_a_path_is_scored_as_a_dataframe(spark: Any, tmp_path: Path) -> None:
+    data = write_features(tmp_path / "in", files=1)
+    ids, got = _rows(predict(str(data), make_model(), input_cols="x", keep_cols=["id"]))
+    assert ids == list(range(2000))
+    np.testing.assert_allclose(got, _expected(data, ids), rtol=1e-5, atol=1e-5)
+    # The fixture gives each task a (fake) GPU; torch in the executors has no CUDA.
+    on_gpu = predict(str(data), make_model(), input_cols="x", use_gpu=True)
+    with pytest.raises(Exception, match=r"given GPU [01], but torch in the executor's Python"):
+        on_gpu.collect()
+
+
+def test_a_dataframe_that_is_not_a_scan_takes_the_udf_path(
+    spark: Any, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    data = write_features(tmp_path / "in", files=1)
+    df = spark.read.parquet(str(data))
+    joined = df.join(spark.range(0, 2000, 2).withColumnRenamed("id", "id"), "id")
+    ids, got = _rows(predict(joined, make_model(), input_cols="x", keep_cols="id"))
+    err = capfd.readouterr().err
+    assert "the UDF path" in err and "its plan has a Join step" in err
+    assert ids == list(range(0, 2000, 2))
+    np.testing.assert_allclose(got, _expected(data, ids), rtol=1e-5, atol=1e-5)
+    computed = df.withColumn("x", F.transform("x", lambda v: v * 2))
+    predict(computed, make_model(), input_cols="x").count()
+    assert "it computes" in capfd.readouterr().err
+    with pytest.raises(ConfigError, match="via='files', but the DataFrame is not a plain scan"):
+        predict(joined, make_model(), input_cols="x", via="files")
+
+
+def test_bad_rows_on_the_files_path_name_the_file_and_row(spark: Any, tmp_path: Path) -> None:
+    folder = tmp_path / "in"
+    folder.mkdir()
+    values = [[0.5] * WIDTH] * 700
+    values[433] = None
+    pq.write_table(pa.table({"id": np.arange(700), "x": pa.array(values, pa.list_(pa.float32()))}),
+                   folder / "nulls.parquet", row_group_size=300)  # fmt: skip
+    scored = predict(spark.read.parquet(str(folder)), make_model(), input_cols="x")
+    with pytest.raises(Exception, match=r"column 'x' is null at row 433 of .*nulls\.parquet"):
+        scored.collect()
+
+
+def test_score_on_spark_executors_restarts_and_skips_written_parts(
+    spark: Any, tmp_path: Path
+) -> None:
+    scored_through_a_crash(tmp_path, backend="spark")

@@ -38,6 +38,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import uuid
 import warnings
@@ -345,6 +346,39 @@ def check(name: str, scored: Any, model: nn.Module, first: Any) -> None:
         assert torch.allclose(got, expected, atol=1e-4), f"{name}: predictions differ"
 
 
+class GpuUse:
+    """Mean GPU utilisation (percent, every GPU) while the block runs, from ``nvidia-smi``."""
+
+    def __init__(self, on: bool) -> None:
+        self.on, self.samples = on, []  # type: ignore[var-annotated]
+        self.stop = threading.Event()
+
+    def _sample(self) -> None:
+        import subprocess
+
+        while not self.stop.wait(0.5):
+            with contextlib.suppress(OSError, ValueError, subprocess.SubprocessError):
+                text = subprocess.run(
+                    ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
+                    capture_output=True, text=True, timeout=5, check=True,
+                ).stdout  # fmt: skip
+                values = [float(v) for v in text.split()]
+                self.samples.append(sum(values) / len(values))
+
+    def __enter__(self) -> GpuUse:
+        if self.on:
+            self.thread = threading.Thread(target=self._sample, daemon=True)
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+
+    @property
+    def mean(self) -> float | None:
+        return statistics.mean(self.samples) if self.samples else None
+
+
 def timed(df: Any, parquet: str | None = None) -> float:
     """Seconds for a full pass: to Spark's noop sink, or written as Parquet to ``parquet``."""
     started = time.perf_counter()
@@ -386,9 +420,11 @@ def run_model(
     seconds: dict[str, list[float]] = {way: [] for way in ways}
     for attempt in range(args.repeat):
         for way, make in ways.items():
-            took = timed(make(df), str(work / "out") if "-> Parquet" in way else None)
+            with GpuUse(args.gpu) as gpu:
+                took = timed(make(df), str(work / "out") if "-> Parquet" in way else None)
             seconds[way].append(took)
-            log(f"{name} {way} run {attempt + 1}: {took:.1f}s, {rows / took:,.0f} rows/s")
+            use = f", GPU utilisation {gpu.mean:.0f} %" if gpu.mean is not None else ""
+            log(f"{name} {way} run {attempt + 1}: {took:.1f}s, {rows / took:,.0f} rows/s{use}")
     for way, took in seconds.items():
         results[way] = rows / statistics.median(took)
     return results
@@ -476,6 +512,8 @@ def main(argv: list[str] | None = None) -> int:
     report(tables, args)
     print(f"\npeak RSS of a Spark Python worker over every path: {peak:,.0f} MB")
     strays, _ = leftover_processes(10.0, exclude=frozenset({os.getpid()}))
+    # (n)'s process pool starts Python's resource tracker, which ends with this process.
+    strays = {p: c for p, c in strays.items() if "multiprocessing.resource_tracker" not in c}
     print(f"\nleftover processes after the session stopped: {len(strays)}")
     for pid, command in strays.items():
         print(f"  {pid}: {command[:160]}")

@@ -346,3 +346,32 @@ def test_row_groups_the_filter_rules_out_are_not_read(tmp_path: Path) -> None:
     first, second = sorted({u.file for u in source.units})
     assert _may_match(Plan, first) == set()  # type: ignore[arg-type]
     assert _may_match(Plan, second) == {0, 1}  # type: ignore[arg-type]  # ids 2000-2999
+
+
+def test_the_score_files_example(examples_on_path: Path, tmp_path: Path) -> None:
+    import score_files
+
+    first = score_files.main(["--rows", "30000", "--work", str(tmp_path)])
+    assert (first.rows, first.parts, first.scored_parts) == (30_000, 3, 3)
+    again = score_files.main(["--rows", "30000", "--work", str(tmp_path)])
+    assert (again.rows, again.scored_parts) == (30_000, 0)  # every part was written: none again
+
+
+def test_a_hugging_face_model_with_a_tokenising_preprocess(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(
+        vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, num_labels=3,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification(config).eval()
+    texts = [f"review {i}: " + "fine " * (i % 9) for i in range(200)]
+    pq.write_table(pa.table({"id": np.arange(200), "text": texts}), tmp_path / "t.parquet")
+    score(tmp_path / "t.parquet", model, output=tmp_path / "out", input_cols="text",
+          keep_cols="id", preprocess=tokenise, batch_size=50, batch_tokens=400,
+          num_processes=1)  # fmt: skip
+    scored = pq.read_table(tmp_path / "out").sort_by("id")
+    got = np.stack([r["logits"] for r in scored.column("prediction").to_pylist()])
+    with torch.inference_mode():  # one batch, padded to the longest text of all
+        expected = model(**tokenise(pa.table({"text": texts}))).logits.numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)

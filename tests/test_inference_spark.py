@@ -111,3 +111,22 @@ def test_score_on_spark_executors_restarts_and_skips_written_parts(
     spark: Any, tmp_path: Path
 ) -> None:
     scored_through_a_crash(tmp_path, backend="spark")
+
+
+def test_ml_vectors_are_read_on_the_files_path_and_kept_on_the_udf_path(
+    spark: Any, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from pyspark.ml.functions import array_to_vector
+
+    data = write_features(tmp_path / "in", files=1)
+    vectors = tmp_path / "vectors"
+    spark.read.parquet(str(data)).select("id", array_to_vector("x").alias("v")).write.parquet(
+        str(vectors)
+    )
+    df = spark.read.parquet(str(vectors))
+    ids, got = _rows(predict(df, make_model(), input_cols="v", keep_cols="id"))
+    assert "the files path" in capfd.readouterr().err
+    np.testing.assert_allclose(got, _expected(data, ids), rtol=1e-5, atol=1e-4)
+    kept = predict(df, make_model(), input_cols="v")
+    assert "keeps 'v', an ML vector" in capfd.readouterr().err
+    assert kept.schema["v"].dataType.typeName() == "vectorudt"

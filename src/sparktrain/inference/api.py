@@ -19,7 +19,7 @@ from typing import Any
 
 from sparktrain.data.sources import Source
 from sparktrain.errors import ConfigError
-from sparktrain.inference import files, outputs
+from sparktrain.inference import files, outputs, reading
 from sparktrain.inference.batches import AUTOCAST
 from sparktrain.inference.models import load_model, model_identity, model_payload, run_sample
 from sparktrain.inference.parts import PART_ROWS, ScoringPlan, check_columns, plan_parts
@@ -35,6 +35,7 @@ class ScoreResult:
         rows: Rows in the output.
         scored_parts: Parts this call scored (the others were done before it).
         seconds: How long the call took.
+        peak_rss: The largest peak resident memory of a rank, in bytes (0 if none ran).
     """
 
     output: str
@@ -42,6 +43,7 @@ class ScoreResult:
     rows: int
     scored_parts: int
     seconds: float
+    peak_rss: int = 0
 
 
 def as_source(data: Any, storage_options: Mapping[str, Any] | None = None) -> Source:
@@ -161,28 +163,6 @@ def make_plan(
     )
 
 
-def score_rank(plan: ScoringPlan, output: str, todo: tuple[int, ...], options: Any) -> int:
-    """A rank's work: its share of the parts not yet written; the rows it wrote.
-
-    Parts written by an earlier attempt (``max_restarts``) are skipped here too.
-    """
-    import sparktrain
-    from sparktrain.inference.reading import coalesced, device_for_rank, score_part
-    from sparktrain.rank.env import contract_int
-
-    rank, world = contract_int("RANK", 0), contract_int("WORLD_SIZE", 1)
-    done = files.done_parts(output, options)
-    mine = [i for i in todo[rank::world] if i not in done]
-    device = device_for_rank(plan.use_gpu)
-    rows = 0
-    for step, index in enumerate(mine, start=1):
-        part = plan.parts[index]
-        batches = coalesced(score_part(plan, part, device), PART_ROWS)  # one row group a part
-        rows += files.write_part(output, index, plan.output_schema(), batches, options)
-        sparktrain.report(step=step, total=len(mine), rows=rows)
-    return rows
-
-
 def score(
     data: Any,
     model: Any,
@@ -280,14 +260,16 @@ def score(
         file=sys.stderr,
         flush=True,
     )
+    peak = 0
     if todo and not finished:
-        launch(
-            score_rank,
+        run = launch(
+            reading.score_rank,
             args=(plan, target, todo, storage_options),
             num_processes=min(num_processes, len(todo)),
             backend=backend,
-            **run_options,
+            **{**run_options, "return_all": True},
         )
+        peak = max((value[1] for value in run.return_values.values() if value), default=0)
     if finished:
         rows = sum(_rows_in(target, storage_options))
     else:
@@ -295,7 +277,8 @@ def score(
             target, len(plan.parts), plan.output_schema(), fmt=format,
             storage_options=storage_options,
         )  # fmt: skip
-    return ScoreResult(target, len(plan.parts), rows, len(todo), time.monotonic() - started)
+    seconds = time.monotonic() - started
+    return ScoreResult(target, len(plan.parts), rows, len(todo), seconds, peak)
 
 
 def _rows_in(output: str, storage_options: Mapping[str, Any] | None) -> list[int]:

@@ -30,7 +30,7 @@ from sparktrain.inference.batches import (
     prefetched,
     split,
 )
-from sparktrain.inference.parts import Part, ScoringPlan
+from sparktrain.inference.parts import PART_ROWS, Part, ScoringPlan
 
 _ROW = "__sparktrain_row"
 
@@ -212,3 +212,34 @@ def coalesced(batches: Iterator[Any], rows: int, max_bytes: int = 64 << 20) -> I
             held, count, size = [], 0, 0
     if held:
         yield from pa.Table.from_batches(held).combine_chunks().to_batches()
+
+
+def score_rank(
+    plan: ScoringPlan, output: str, todo: tuple[int, ...], options: Any
+) -> tuple[int, int]:
+    """A rank's work: its share of the parts not yet written; (rows written, peak RSS in bytes).
+
+    Parts written by an earlier attempt (``max_restarts``) are skipped here too.
+    """
+    from sparktrain.inference import files
+    from sparktrain.rank.env import contract_int
+    from sparktrain.rank.reporting import report
+
+    rank, world = contract_int("RANK", 0), contract_int("WORLD_SIZE", 1)
+    done = files.done_parts(output, options)
+    mine = [i for i in todo[rank::world] if i not in done]
+    device = device_for_rank(plan.use_gpu)
+    rows = 0
+    for step, index in enumerate(mine, start=1):
+        part = plan.parts[index]
+        batches = coalesced(score_part(plan, part, device), PART_ROWS)  # a row group a part
+        rows += files.write_part(output, index, plan.output_schema(), batches, options)
+        report(step=step, total=len(mine), rows=rows)
+    return rows, peak_rss()
+
+
+def peak_rss() -> int:
+    """This process's peak resident memory, in bytes (``ru_maxrss``)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

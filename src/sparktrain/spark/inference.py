@@ -72,17 +72,18 @@ def sample_output(model: Any, df: Any, inputs: Sequence[str], rows: int = 2) -> 
 COLUMNAR_INPUT = "spark.sql.execution.arrow.pythonUDF.columnarInput.enabled"
 
 
-def _holds_udt(kind: Any) -> bool:
+def holds_udt(kind: Any) -> bool:
+    """Whether the Spark type ``kind`` is, or holds, a user-defined type (an ML vector)."""
     from pyspark.sql import types as T
 
     if isinstance(kind, T.UserDefinedType):
         return True
     if isinstance(kind, T.StructType):
-        return any(_holds_udt(f.dataType) for f in kind.fields)
+        return any(holds_udt(f.dataType) for f in kind.fields)
     if isinstance(kind, T.ArrayType):
-        return _holds_udt(kind.elementType)
+        return holds_udt(kind.elementType)
     if isinstance(kind, T.MapType):
-        return _holds_udt(kind.keyType) or _holds_udt(kind.valueType)
+        return holds_udt(kind.keyType) or holds_udt(kind.valueType)
     return False
 
 
@@ -92,7 +93,7 @@ def arrow_udf_usable(df: Any) -> bool:
 
     if not ARROW_UDF or not hasattr(F, "arrow_udf"):
         return False
-    if not _holds_udt(df.schema):
+    if not holds_udt(df.schema):
         return True
     try:
         columnar = str(df.sparkSession.conf.get(COLUMNAR_INPUT, "true")).lower()

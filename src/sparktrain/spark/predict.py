@@ -26,6 +26,7 @@ from sparktrain.spark.inference import (
     check_columns,
     column_names,
     gpu_choice,
+    holds_udt,
     positive,
     sample_output,
     with_scores,
@@ -160,6 +161,24 @@ def predict(
 
     columns = scan.columns if scan is not None else tuple(source.schema.names)
     keep = columns if keep_cols is None else column_names(keep_cols, "keep_cols")
+    vectors = [
+        k for k in keep if scan is not None and k in df.columns and holds_udt(df.schema[k].dataType)
+    ]
+    if vectors and via != "files":
+        _say(
+            f"the UDF path: the DataFrame is a plain scan, but it keeps {vectors[0]!r}, an ML "
+            "vector (a user-defined type the files path does not rebuild); pass keep_cols "
+            "without it for the files path"
+        )
+        return _udf_path(
+            df,
+            model,
+            input_cols=input_cols,
+            output_col=output_col,
+            keep_cols=keep_cols,
+            batch_size=batch_size,
+            use_gpu=use_gpu,
+        )
     if output_col in keep:
         raise ConfigError(
             f"output_col={output_col!r} is already a column of the DataFrame; choose another name."

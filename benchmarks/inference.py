@@ -70,6 +70,7 @@ from train_mlp import make_model
 FEATURES = 784
 NO_SPARK = "(n) no Spark: 2 processes read+run"
 SCORED = "(i) score() -> Parquet, no Spark"
+RANK_PEAKS: list[float] = []  # (i): the largest peak RSS of a rank, each call, in MB
 EXECUTORS = 2
 FILE_ROWS = 50_000
 
@@ -248,6 +249,7 @@ def score_files(model: nn.Module, data: Path, batch: int, out: Path) -> float:
         str(data), model, output=str(out), input_cols="features", keep_cols=["id"],
         batch_size=batch, num_processes=EXECUTORS, overwrite=True, progress=False,
     )  # fmt: skip
+    RANK_PEAKS.append(result.peak_rss / 1e6)
     return result.rows / result.seconds
 
 
@@ -511,6 +513,8 @@ def main(argv: list[str] | None = None) -> int:
             shutdown_gateway()  # the driver JVM, which spark.stop() leaves running
     report(tables, args)
     print(f"\npeak RSS of a Spark Python worker over every path: {peak:,.0f} MB")
+    if RANK_PEAKS:
+        print(f"peak RSS of a rank of score() (i): {max(RANK_PEAKS):,.0f} MB")
     strays, _ = leftover_processes(10.0, exclude=frozenset({os.getpid()}))
     # (n)'s process pool starts Python's resource tracker, which ends with this process.
     strays = {p: c for p, c in strays.items() if "multiprocessing.resource_tracker" not in c}

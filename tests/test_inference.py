@@ -194,8 +194,16 @@ def test_bad_inputs_are_named(tmp_path: Path) -> None:
         score(data, model, output=tmp_path / "o3", input_cols="x", autocast="fp8")
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "other.txt").write_text("x")
-    with pytest.raises(ConfigError, match="is not empty and holds no scoring"):
-        score(data, model, output=tmp_path / "full", input_cols="x")
+    with pytest.raises(
+        ConfigError, match=r"holds files that are not a scoring's \(\['other.txt'\]\)"
+    ):
+        score(data, model, output=tmp_path / "full", input_cols="x", overwrite=True)
+    assert (tmp_path / "full" / "other.txt").exists()  # overwrite deletes only a scoring's files
+    for inside in (data, data / "scores"):
+        with pytest.raises(ConfigError, match="one folder or one inside the other"):
+            score(data, model, output=inside, input_cols="x")
+    with pytest.raises(ConfigError, match="one result per input row"):
+        score(data, lambda x: x.sum(), output=tmp_path / "o4", input_cols="x")
 
 
 def test_a_null_and_a_wrong_length_name_the_file_and_row(tmp_path: Path) -> None:
@@ -222,7 +230,7 @@ def test_another_scoring_is_not_resumed_into_the_same_folder(tmp_path: Path) -> 
     data = write_features(tmp_path / "in", files=1)
     score(data, make_model(), output=tmp_path / "out", input_cols="x", num_processes=1)
     other = nn.Linear(WIDTH, 2)
-    with pytest.raises(ConfigError, match=r"another scoring \(it differs in \['model'\]\)"):
+    with pytest.raises(ConfigError, match=r"it differs in \['model', 'output'\]"):
         score(data, other, output=tmp_path / "out", input_cols="x", num_processes=1)
     result = score(data, other, output=tmp_path / "out", input_cols="x", num_processes=1,
                    overwrite=True)  # fmt: skip
@@ -333,7 +341,7 @@ def test_no_rank_outlives_a_scoring(tmp_path: Path) -> None:
 def test_row_groups_the_filter_rules_out_are_not_read(tmp_path: Path) -> None:
     import pyarrow.compute as pc
 
-    from sparktrain.inference.api import as_source
+    from sparktrain.inference.planning import as_source
     from sparktrain.inference.reading import _may_match
 
     data = write_features(tmp_path / "in", files=2)
@@ -375,3 +383,19 @@ def test_a_hugging_face_model_with_a_tokenising_preprocess(tmp_path: Path) -> No
     with torch.inference_mode():  # one batch, padded to the longest text of all
         expected = model(**tokenise(pa.table({"text": texts}))).logits.numpy()
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_model_with_batch_norm_and_its_identity(tmp_path: Path) -> None:
+    from sparktrain.inference.models import model_identity
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(WIDTH, 4), nn.BatchNorm1d(4)).eval()  # a 0-dim counter
+    same = nn.Sequential(nn.Linear(WIDTH, 4), nn.BatchNorm1d(4)).eval()
+    same.load_state_dict(model.state_dict())
+    assert model_identity(model, b"a") == model_identity(same, b"b")  # weights, not pickles
+    with torch.no_grad():
+        same[1].running_mean += 1
+    assert model_identity(model, b"a") != model_identity(same, b"a")
+    data = write_features(tmp_path / "in", files=1)
+    score(data, model, output=tmp_path / "out", input_cols="x", keep_cols="id", num_processes=1)
+    check_output(tmp_path / "out", data, model)

@@ -130,3 +130,40 @@ def test_ml_vectors_are_read_on_the_files_path_and_kept_on_the_udf_path(
     kept = predict(df, make_model(), input_cols="v")
     assert "keeps 'v', an ML vector" in capfd.readouterr().err
     assert kept.schema["v"].dataType.typeName() == "vectorudt"
+
+
+def test_filters_keep_the_rows_spark_keeps(
+    spark: Any, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """NOT IN drops nulls, as in Spark; a float comparison (NaN) and a partitioned table."""
+    rows = 600
+    values = [[float(i)] * WIDTH for i in range(rows)]
+    table = pa.table(
+        {
+            "id": np.arange(rows),
+            "x": pa.array(values, pa.list_(pa.float32())),
+            "country": [None if i % 5 == 0 else ("US", "CA", "FR")[i % 3] for i in range(rows)],
+            "score": [float("nan") if i % 7 == 0 else i / rows for i in range(rows)],
+            "year": [2023 + i % 2 for i in range(rows)],
+        }
+    )
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    pq.write_table(table, flat / "t.parquet", row_group_size=100)
+    df = spark.read.parquet(str(flat))
+    model = make_model()
+    for condition in (~F.col("country").isin("US", "CA"), F.col("id").isin(3, 4, 500)):
+        ids, _ = _rows(predict(df.where(condition), model, input_cols="x", keep_cols="id"))
+        assert "the files path" in capfd.readouterr().err
+        assert ids == sorted(r.id for r in df.where(condition).select("id").collect())
+    ids, _ = _rows(predict(df.where(F.col("score") > 0.5), model, input_cols="x", keep_cols="id"))
+    assert "where Spark and pyarrow treat NaN differently" in capfd.readouterr().err
+    assert ids == sorted(r.id for r in df.where(F.col("score") > 0.5).select("id").collect())
+    parted = tmp_path / "parted"
+    df.write.partitionBy("year").parquet(str(parted))
+    by_year = spark.read.parquet(str(parted)).where("year = 2024 and id < 50")
+    scored = predict(by_year, model, input_cols="x", keep_cols=["id", "year"])
+    assert "the files path" in capfd.readouterr().err
+    assert {(r.id, r.year) for r in scored.collect()} == {(i, 2024) for i in range(1, 50, 2)}
+    # The driver's sample comes from rows that pass the filter (row 0 has a null country).
+    predict(df.where(F.col("country").isNotNull()), model, input_cols="x").count()

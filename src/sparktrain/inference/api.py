@@ -19,10 +19,8 @@ from typing import Any
 
 from sparktrain.data.sources import Source
 from sparktrain.errors import ConfigError
-from sparktrain.inference import files, outputs, reading
-from sparktrain.inference.batches import AUTOCAST
-from sparktrain.inference.models import load_model, model_identity, model_payload, run_sample
-from sparktrain.inference.parts import PART_ROWS, ScoringPlan, check_columns, plan_parts
+from sparktrain.inference import files, reading
+from sparktrain.inference.planning import as_source, make_plan, positive
 
 
 @dataclass(frozen=True)
@@ -44,123 +42,6 @@ class ScoreResult:
     scored_parts: int
     seconds: float
     peak_rss: int = 0
-
-
-def as_source(data: Any, storage_options: Mapping[str, Any] | None = None) -> Source:
-    """The :class:`~sparktrain.data.sources.Source` of a path, a Source or a streaming dataset.
-
-    A folder with a ``_delta_log`` is a Delta table; another path is Parquet.
-    """
-    from sparktrain.data import sources
-
-    if isinstance(data, Source):
-        return data
-    found = getattr(data, "source", None)
-    if isinstance(found, Source):
-        return found
-    if isinstance(data, (str, os.PathLike)):
-        text = os.fspath(data)
-        fs, inner = sources.filesystem_of(text, storage_options)
-        import pyarrow.fs as pafs
-
-        if fs.get_file_info(f"{inner.rstrip('/')}/_delta_log").type == pafs.FileType.Directory:
-            return sources.delta_source(text, storage_options=storage_options)
-        return sources.parquet_source(text, storage_options=storage_options)
-    raise ConfigError(
-        f"cannot score {type(data).__name__}: pass a path (Parquet files or a Delta table), a "
-        "sparktrain.data dataset or source, or (to sparktrain.spark.predict) a Spark DataFrame."
-    )
-
-
-def _names(value: object, what: str, *, empty: bool = False) -> tuple[str, ...]:
-    names = (value,) if isinstance(value, str) else value
-    if names is None and empty:
-        return ()
-    if (
-        not isinstance(names, Sequence)
-        or (not names and not empty)
-        or not all(isinstance(n, str) and n for n in names)
-    ):
-        raise ConfigError(f"{what}={value!r} must be a column name or a list of column names.")
-    return tuple(names)
-
-
-def _positive(name: str, value: object, *, optional: bool = False) -> Any:
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name}={value!r} must be a positive whole number.")
-    return value
-
-
-def make_plan(
-    source: Source,
-    model: Any,
-    *,
-    input_cols: str | Sequence[str],
-    keep_cols: str | Sequence[str] | None = None,
-    output_col: str = "prediction",
-    preprocess: Callable[[Any], Any] | None = None,
-    batch_size: int = 1024,
-    batch_tokens: int | None = None,
-    rows_per_part: int | None = None,
-    use_gpu: bool | None = None,
-    autocast: str | None = None,
-    row_filter: tuple[Any, str, tuple[str, ...]] | None = None,
-) -> ScoringPlan:
-    """Check every argument and make the plan (the model runs once, here, on the first rows).
-
-    Raises:
-        ConfigError: A bad argument, a missing column, or a model or ``preprocess`` that fails
-            on the first rows.
-    """
-    from sparktrain.data.reader import read_unit
-
-    inputs = _names(input_cols, "input_cols")
-    keep = _names(keep_cols, "keep_cols", empty=True)
-    check_columns(source, inputs, "input_cols")
-    check_columns(source, keep, "keep_cols")
-    if not isinstance(output_col, str) or not output_col or output_col in keep:
-        raise ConfigError(
-            f"output_col={output_col!r} must be a column name other than the kept columns {keep}."
-        )
-    if autocast not in (None, *AUTOCAST):
-        raise ConfigError(f"autocast={autocast!r} must be None, 'bf16' or 'fp16'.")
-    if use_gpu is not None and not isinstance(use_gpu, bool):
-        raise ConfigError(f"use_gpu={use_gpu!r} must be True, False or None (the rank's GPU).")
-    if preprocess is not None and not callable(preprocess):
-        raise ConfigError(f"preprocess={preprocess!r} must be a function of an Arrow table.")
-    batch_size = _positive("batch_size", batch_size)
-    batch_tokens = _positive("batch_tokens", batch_tokens, optional=True)
-    rows_per_part = _positive("rows_per_part", rows_per_part or PART_ROWS)
-    loaded = load_model(model)
-    first = next(read_unit(source, source.units[0], inputs, chunk=2))
-    spec = outputs.describe(
-        run_sample(loaded, first, inputs, preprocess=preprocess, autocast=autocast),
-        first.num_rows,
-    )
-    key, payload = model_payload(loaded)
-    hook = model_payload(preprocess)[1] if preprocess is not None else None
-    expression, text, columns = row_filter or (None, "", ())
-    return ScoringPlan(
-        source=source,
-        parts=plan_parts(source, rows_per_part),
-        inputs=inputs,
-        keep=keep,
-        output_col=output_col,
-        spec=spec,
-        model_key=key,
-        model_id=model_identity(loaded, payload),
-        model=payload,
-        preprocess=hook,
-        batch_size=batch_size,
-        batch_tokens=batch_tokens,
-        use_gpu=use_gpu,
-        autocast=autocast,
-        row_filter=expression,
-        filter_text=text,
-        filter_columns=tuple(columns),
-    )
 
 
 def score(
@@ -244,6 +125,8 @@ def score(
         use_gpu=use_gpu,
         autocast=autocast,
     )
+    _check_apart(source, target)
+    files.check_format(format, plan.output_schema())
     done, finished = files.prepare(
         target, plan.fingerprint(), fmt=format, overwrite=overwrite, storage_options=storage_options
     )
@@ -252,7 +135,15 @@ def score(
         if backend != "local":
             raise ConfigError(f"backend={backend!r}: give num_processes, the number of ranks.")
         num_processes = max(1, min(os.cpu_count() or 1, len(todo)))
-    _positive("num_processes", num_processes)
+    positive("num_processes", num_processes)
+    if backend != "local" and "://" not in target:
+        print(
+            f"sparktrain.score: output={target!r} is a local path; with backend={backend!r} "
+            "every rank writes to its own machine's disk, so on a cluster it must be a shared "
+            "mount (or pass a URL: s3://, abfss://, dbfs:/ ...)",
+            file=sys.stderr,
+            flush=True,
+        )
     print(
         f"sparktrain.score: {len(plan.parts)} parts ({source.rows:,} rows) of {source.name} "
         f"-> {target}, read from the files by {num_processes} rank(s) on {backend}"
@@ -279,6 +170,32 @@ def score(
         )  # fmt: skip
     seconds = time.monotonic() - started
     return ScoreResult(target, len(plan.parts), rows, len(todo), seconds, peak)
+
+
+def _check_apart(source: Source, output: str) -> None:
+    """Refuse an output folder that holds input files, or that lies in the input's folder.
+
+    (A later listing of that folder would take the predictions for input.)
+    """
+    import pyarrow.fs as pafs
+
+    from sparktrain.data.sources import filesystem_of
+
+    _, inner = filesystem_of(output)
+    folder = inner.rstrip("/") + "/"
+    clash = next((u.file for u in source.units if u.file.startswith(folder)), None)
+    try:
+        fs, given = filesystem_of(source.name.split("*")[0])
+        inside = folder.startswith(given.rstrip("/") + "/")
+        if inside and fs.get_file_info(given).type == pafs.FileType.Directory:
+            clash = given
+    except Exception:  # a name that is not a path (a Delta table's "path (version 3)", say)
+        pass
+    if clash is not None:
+        raise ConfigError(
+            f"output={output!r} and the input ({clash}) are one folder or one inside the "
+            "other; write the predictions to a folder apart from the input."
+        )
 
 
 def _rows_in(output: str, storage_options: Mapping[str, Any] | None) -> list[int]:

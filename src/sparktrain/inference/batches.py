@@ -196,7 +196,9 @@ def _moved(value: Any, device: Any) -> Any:
     import torch
 
     if isinstance(value, torch.Tensor):
-        return value.pin_memory().to(device, non_blocking=True)
+        if value.device.type == "cpu" and not value.is_pinned():
+            value = value.pin_memory()
+        return value.to(device, non_blocking=True)
     return value
 
 

@@ -60,18 +60,27 @@ def prepare(
     Raises:
         ConfigError: ``output`` holds something else (another plan's parts, other files).
     """
-    if fmt not in FORMATS:
-        raise ConfigError(f"format={fmt!r} must be one of {list(FORMATS)}.")
     fs, folder = filesystem_of(output, storage_options)
     names = _names(fs, folder)
+    foreign = [n for n in names if not _ours(n)]
+    if foreign:
+        raise ConfigError(
+            f"output={output!r} holds files that are not a scoring's ({foreign[:3]}); choose "
+            "an empty or new folder (overwrite=True deletes only a scoring's own files)."
+        )
     if names and overwrite:
-        fs.delete_dir_contents(folder)
+        for name in names:
+            path = f"{folder}/{name}"
+            if name == "_delta_log":
+                fs.delete_dir(path)
+            else:
+                fs.delete_file(path)
         names = []
     if names:
         if MANIFEST not in names:
             raise ConfigError(
-                f"output={output!r} is not empty and holds no scoring of sparktrain's; choose an "
-                "empty or new folder, or pass overwrite=True to delete what it holds."
+                f"output={output!r} holds parts but no {MANIFEST}; pass overwrite=True to "
+                "delete them and score again, or choose another folder."
             )
         with fs.open_input_stream(f"{folder}/{MANIFEST}") as handle:
             found = json.loads(handle.read())
@@ -83,7 +92,7 @@ def prepare(
                 f"{changed}); pass overwrite=True to score again from the start, or choose "
                 "another folder."
             )
-        finished = "_SUCCESS" in names or "_delta_log" in names
+        finished = "_SUCCESS" in names or _committed(fs, folder)
         for name in names:  # a killed scorer's unfinished part
             if name.startswith(".part-"):
                 fs.delete_file(f"{folder}/{name}")
@@ -91,6 +100,46 @@ def prepare(
     fs.create_dir(folder, recursive=True)
     _write_atomic(fs, folder, MANIFEST, json.dumps({**fingerprint, "format": fmt}).encode())
     return set(), False
+
+
+def _ours(name: str) -> bool:
+    """Whether ``name`` is a file a scoring writes in its output folder."""
+    return (
+        name in (MANIFEST, "_SUCCESS", "_delta_log")
+        or bool(_PART.match(name))
+        or name.startswith((".part-", f".{MANIFEST}.", "._SUCCESS."))
+    )
+
+
+def _committed(fs: Any, folder: str) -> bool:
+    """Whether the Delta commit that finishes a scoring is there."""
+    import pyarrow.fs as pafs
+
+    first = f"{folder}/_delta_log/{0:020d}.json"
+    return bool(fs.get_file_info(first).type == pafs.FileType.File)
+
+
+def check_format(fmt: str, schema: Any) -> None:
+    """Refuse, before any scoring, an output that ``fmt`` cannot hold.
+
+    Raises:
+        ConfigError: An unknown format, deltalake missing, or a type Delta has no place for.
+    """
+    if fmt not in FORMATS:
+        raise ConfigError(f"format={fmt!r} must be one of {list(FORMATS)}.")
+    if fmt != "delta":
+        return
+    try:
+        from deltalake import Schema
+    except ImportError as exc:
+        raise ConfigError("format='delta' needs deltalake: pip install 'sparktrain[data]'") from exc
+    try:
+        Schema.from_arrow(schema)
+    except Exception as exc:
+        raise ConfigError(
+            f"the output's columns {schema} cannot be a Delta table's: {exc}; keep other "
+            "columns, or write format='parquet'."
+        ) from exc
 
 
 def _write_atomic(fs: Any, folder: str, name: str, data: bytes) -> None:
@@ -149,7 +198,8 @@ def finish(
     if missing:
         raise ConfigError(
             f"output={output!r} lacks the parts {missing[:10]}; run the same scoring again to "
-            "write them (the others are kept)."
+            "write them (the others are kept). If the ranks ran on other machines, output must "
+            "be a folder they all share (a URL, or a shared mount)."
         )
     files = [f"{folder}/{part_name(i)}" for i in range(parts)]
     counts = [pq.ParquetFile(f, filesystem=fs).metadata.num_rows for f in files]

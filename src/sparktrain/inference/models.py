@@ -57,10 +57,14 @@ def model_identity(model: Any, payload: bytes) -> str:
     digest = hashlib.sha256()
     if isinstance(model, torch.nn.Module):
         digest.update(type(model).__qualname__.encode())
-        for name, tensor in model.state_dict().items():
-            value = tensor.detach().cpu().contiguous()
+        for name, entry in model.state_dict().items():
+            if not isinstance(entry, torch.Tensor):  # a quantised model's dtype, say
+                digest.update(f"{name}:{entry!r}".encode())
+                continue
+            value = entry.detach().cpu().contiguous()
             digest.update(f"{name}:{value.dtype}:{tuple(value.shape)}".encode())
-            digest.update(value.view(torch.uint8).numpy().tobytes() if value.numel() else b"")
+            if value.numel():  # 0-dim tensors (BatchNorm's counter) too
+                digest.update(value.reshape(-1).view(torch.uint8).numpy().tobytes())
     else:
         digest.update(payload)
     return digest.hexdigest()[:32]

@@ -142,6 +142,12 @@ def _pyarrow() -> Any:
 
 def _leaf_array(tensor: Any, spec: Leaf) -> Any:
     pa = _pyarrow()
+    if getattr(tensor, "ndim", 1) == 0:
+        raise ConfigError(
+            "the model returned a single value (a 0-dimensional tensor) for a batch; it must "
+            "return one value per row, shape (N, ...) (a .squeeze() on a batch of one row "
+            "does this: use .squeeze(-1))."
+        )
     found = (_dtype_name(tensor), tuple(int(d) for d in tensor.shape[1:]))
     if found[0] != spec.dtype or found[1] not in (spec.shape, (1,) if spec.shape == () else None):
         raise ConfigError(
@@ -162,9 +168,9 @@ def _leaf_array(tensor: Any, spec: Leaf) -> Any:
         width = spec.shape[depth]
         if count * width >= 2**31:
             raise ConfigError(
-                f"one Arrow batch of predictions holds {count * width} values; lower "
-                "spark.sql.execution.arrow.maxRecordsPerBatch so that a batch holds fewer "
-                "than 2**31."
+                f"one Arrow batch of predictions holds {count * width} values; lower the rows "
+                "per batch so that it holds fewer than 2**31 (batch_size on the files path; "
+                "spark.sql.execution.arrow.maxRecordsPerBatch on the UDF path)."
             )
         offsets = pa.array(np.arange(0, count * width + 1, width, dtype=np.int32))
         array = pa.ListArray.from_arrays(offsets, array)

@@ -100,7 +100,6 @@ class ScoringPlan:
         ).hexdigest()[:32]
         hook = hashlib.sha256(self.preprocess).hexdigest()[:32] if self.preprocess else None
         return {
-            "source": self.source.name,
             "units": units,
             "parts": [[p.index, list(p.units)] for p in self.parts],
             "inputs": list(self.inputs),
@@ -109,6 +108,8 @@ class ScoringPlan:
             "model": self.model_id,
             "preprocess": hook,
             "filter": self.filter_text,
+            "autocast": self.autocast,
+            "output": str(self.spec),
         }
 
 

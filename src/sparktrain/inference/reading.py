@@ -117,6 +117,21 @@ def _may_match(plan: ScoringPlan, file: str) -> set[int] | None:
         return None
 
 
+def _read(plan: ScoringPlan, unit: Any) -> Iterator[Any]:
+    """A unit's chunks as Arrow tables; a read that fails is named by file and row group."""
+    tables = read_unit(plan.source, unit, plan.read_columns, chunk=plan.batch_size)
+    while True:
+        try:
+            table = next(tables)
+        except StopIteration:
+            return
+        except (OSError, _arrow_error()) as exc:
+            raise ConfigError(
+                f"{unit.file}: row group {unit.row_group} could not be read: {exc}"
+            ) from exc
+        yield table
+
+
 def _chunks(plan: ScoringPlan, part: Part, dtype: Any, hook: Any) -> Iterator[tuple[Any, ...]]:
     """The part's rows, a chunk at a time: (kept table, the model's call, where, rows)."""
     widths: list[int | None] = [None] * len(plan.inputs)
@@ -129,33 +144,25 @@ def _chunks(plan: ScoringPlan, part: Part, dtype: Any, hook: Any) -> Iterator[tu
         if groups is not None and unit.row_group not in groups:
             continue  # Parquet's statistics say no row of this group passes the filter
         offset = start
-        try:
-            tables = read_unit(plan.source, unit, plan.read_columns, chunk=plan.batch_size)
-            for table in tables:
-                read = table.num_rows
-                rows, index = _filtered(table, plan)
-                where = Where(None, offset, file=unit.file, index=index)
-                if rows.num_rows:
-                    if hook is not None:
-                        label = f"rows {offset} to {offset + read - 1} of {unit.file}"
-                        try:
-                            call = as_call(hook(rows.select(list(plan.inputs))), label)
-                        except ConfigError:
-                            raise
-                        except Exception as exc:
-                            add_note(exc, f"sparktrain: in preprocess, on {label}")
-                            raise
-                    else:
-                        columns = [rows.column(n).combine_chunks() for n in plan.inputs]
-                        call = tuple(input_tensors(columns, plan.inputs, widths, where, dtype)), {}
-                    yield rows.select(list(plan.keep)), call, where, rows.num_rows
-                offset += read
-        except ConfigError:
-            raise
-        except (OSError, _arrow_error()) as exc:
-            raise ConfigError(
-                f"{unit.file}: row group {unit.row_group} could not be read: {exc}"
-            ) from exc
+        for table in _read(plan, unit):
+            read = table.num_rows
+            rows, index = _filtered(table, plan)
+            where = Where(None, offset, file=unit.file, index=index)
+            if rows.num_rows:
+                if hook is not None:
+                    label = f"rows {offset} to {offset + read - 1} of {unit.file}"
+                    try:
+                        call = as_call(hook(rows.select(list(plan.inputs))), label)
+                    except ConfigError:
+                        raise
+                    except Exception as exc:
+                        add_note(exc, f"sparktrain: in preprocess, on {label}")
+                        raise
+                else:
+                    columns = [rows.column(n).combine_chunks() for n in plan.inputs]
+                    call = tuple(input_tensors(columns, plan.inputs, widths, where, dtype)), {}
+                yield rows.select(list(plan.keep)), call, where, rows.num_rows
+            offset += read
 
 
 def _arrow_error() -> type[Exception]:

@@ -21,20 +21,65 @@ from sparktrain.inference.parts import ScoringPlan
 JVM_BATCH_ROWS = 10_000
 
 
-def scored_dataframe(spark: Any, plan: ScoringPlan) -> Any:
-    """The plan's output as a DataFrame (one Spark task per part; nothing runs until an action)."""
-    from pyspark.sql.pandas.types import from_arrow_schema
+def output_schema(plan: ScoringPlan, kept: Any = None) -> Any:
+    """The DataFrame's Spark schema: the kept columns, then the prediction.
 
-    schema = from_arrow_schema(plan.output_schema())
+    The kept columns take ``kept``'s types (the scanned DataFrame's own) or, for files given by
+    path, the files' types.
+
+    Raises:
+        ConfigError: A kept column of a type Spark cannot hold (uint32 read by path, say).
+    """
+    from pyspark.sql import types as T
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    from sparktrain.errors import ConfigError
+    from sparktrain.inference import outputs
+
+    fields = []
+    for name in plan.keep:
+        if kept is not None:
+            fields.append(kept[name])
+            continue
+        kind = plan.source.schema.field(name).type
+        try:
+            fields.append(T.StructField(name, from_arrow_type(kind)))
+        except Exception as exc:
+            raise ConfigError(
+                f"the kept column {name!r} holds {kind}, which a Spark DataFrame cannot hold "
+                f"({exc}); leave it out of keep_cols."
+            ) from exc
+    return T.StructType([*fields, T.StructField(plan.output_col, outputs.spark_type(plan.spec))])
+
+
+def scored_dataframe(spark: Any, plan: ScoringPlan, kept: Any = None) -> Any:
+    """The plan's output as a DataFrame (one Spark task per part; nothing runs until an action).
+
+    ``kept``: the scanned DataFrame's schema, whose types the kept columns take (pyarrow reads
+    Spark's INT96 timestamps as nanoseconds, unsigned integers as such: they are cast).
+    """
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    schema = output_schema(plan, kept)
+    target = to_arrow_schema(schema)
     parts = len(plan.parts)
 
     def run(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
         from sparktrain.inference.reading import coalesced, score_part
         from sparktrain.spark.scoring import task_device
 
         device = task_device(plan.use_gpu)
         for batch in batches:
             for index in batch.column(0).to_pylist():
-                yield from coalesced(score_part(plan, plan.parts[index], device), JVM_BATCH_ROWS)
+                scored = score_part(plan, plan.parts[index], device)
+                for out in coalesced(scored, JVM_BATCH_ROWS):
+                    if out.schema.equals(target):
+                        yield out
+                    else:
+                        yield from (
+                            pa.Table.from_batches([out]).cast(target, safe=False).to_batches()
+                        )
 
     return spark.range(0, parts, 1, numPartitions=parts).mapInArrow(run, schema)

@@ -42,10 +42,10 @@ def _say(line: str) -> None:
 
 def _files_input(df: Any, via: str) -> tuple[Any, Any, str]:
     """``(source, scan or None, reason)``: the files to read, or ``None`` and why not."""
-    from sparktrain.inference.api import as_source
+    from sparktrain.inference.planning import as_source
     from sparktrain.spark.scan import NotPlain, plain_scan
 
-    if isinstance(df, (str, os.PathLike)) or hasattr(df, "source") or _is_source(df):
+    if isinstance(df, (str, os.PathLike)) or _is_source(df) or _is_source(_attribute(df)):
         return as_source(df), None, "the input is files"
     if via == "udf":
         return None, None, "via='udf' was asked for"
@@ -54,6 +54,13 @@ def _files_input(df: Any, via: str) -> tuple[Any, Any, str]:
     except NotPlain as why:
         return None, None, f"the DataFrame is not a plain scan of Parquet files: {why}"
     return scan.source, scan, "the DataFrame is a plain scan of Parquet files"
+
+
+def _attribute(df: Any) -> Any:
+    """A streaming dataset's ``source`` (a DataFrame's ``.source`` would be a column)."""
+    from sparktrain.data.dataset import StreamingDataset
+
+    return df.source if isinstance(df, StreamingDataset) else None
 
 
 def _is_source(value: Any) -> bool:
@@ -156,7 +163,7 @@ def predict(
             batch_size=batch_size,
             use_gpu=use_gpu,
         )
-    from sparktrain.inference.api import make_plan
+    from sparktrain.inference.planning import make_plan
     from sparktrain.spark.files_path import scored_dataframe
 
     columns = scan.columns if scan is not None else tuple(source.schema.names)
@@ -183,9 +190,9 @@ def predict(
         raise ConfigError(
             f"output_col={output_col!r} is already a column of the DataFrame; choose another name."
         )
-    outside = [k for k in keep if k not in columns]
+    outside = [k for k in [*keep, *column_names(input_cols, "input_cols")] if k not in columns]
     if outside:
-        raise ConfigError(f"keep_cols {outside} not in the DataFrame; it has {list(columns)}.")
+        raise ConfigError(f"columns {outside} not in the DataFrame; it has {list(columns)}.")
     spark = df.sparkSession if scan is not None else _active_spark()
     plan = make_plan(
         source,
@@ -206,7 +213,7 @@ def predict(
         f"{source.name}, read in the Python workers"
         + (f", rows where {plan.filter_text}" if plan.filter_text else "")
     )
-    return scored_dataframe(spark, plan)
+    return scored_dataframe(spark, plan, df.schema if scan is not None else None)
 
 
 def _udf_path(

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparktrain.data.sources import Source
+from sparktrain.errors import ConfigError
 
 _COMPARE = {
     "EqualTo": "__eq__",
@@ -65,6 +66,19 @@ def _value(literal: Any) -> Any:
     return str(value.toString()) if kind == "string" else value
 
 
+def _not_floating(attribute: Any) -> None:
+    """Refuse a comparison on a float or double column (NaN: Spark's order is not IEEE's).
+
+    Spark orders NaN above every number and has NaN = NaN; pyarrow compares as IEEE does.
+    """
+    kind = str(attribute.dataType().typeName())
+    if kind in ("float", "double"):
+        raise NotPlain(
+            f"the filter compares the {kind} column {attribute.name()!r}, where Spark and "
+            "pyarrow treat NaN differently"
+        )
+
+
 def arrow_filter(condition: Any, columns: set[str]) -> Any:
     """Spark's filter ``condition`` as a ``pyarrow.compute.Expression`` (adds to ``columns``).
 
@@ -95,15 +109,28 @@ def arrow_filter(condition: Any, columns: set[str]) -> Any:
             name, value = str(parts[1].name()), _value(parts[0])
         else:
             raise NotPlain(f"the filter has {condition.sql()}, not a column against a literal")
+        _not_floating(parts[0] if kinds[0] == "AttributeReference" else parts[1])
         columns.add(name)
         return getattr(pc.field(name), method)(value)
     if kind == "In" and parts and _kind(parts[0]) == "AttributeReference":
         if any(_kind(p) != "Literal" for p in parts[1:]):
             raise NotPlain(f"the filter has {condition.sql()}, not a list of literals")
+        _not_floating(parts[0])
         name = str(parts[0].name())
         columns.add(name)
-        return pc.field(name).isin([_value(p) for p in parts[1:]])
+        import pyarrow as pa
+
+        field = pc.field(name)  # null IN (...) is null, as in Spark (so NOT keeps it out too)
+        found = field.isin([_value(p) for p in parts[1:]])
+        return pc.if_else(field.is_valid(), found, pa.scalar(None, pa.bool_()))
     raise NotPlain(f"the filter has {condition.sql()}, which is evaluated by Spark only")
+
+
+def _uri(path: str) -> str:
+    """Hadoop's ``file:/a/b`` as ``file:///a/b``, which pyarrow reads as a local path."""
+    if path.startswith("file:/") and not path.startswith("file://"):
+        return "file://" + path[len("file:") :]
+    return path
 
 
 def _source(relation: Any) -> Source:
@@ -116,13 +143,16 @@ def _source(relation: Any) -> Source:
     files = [str(f) for f in relation.location().inputFiles()]
     if not files:
         raise NotPlain("it reads no files")
-    roots = [str(p.toString()) for p in _seq(relation.location().rootPaths())]
+    roots = [_uri(str(p.toString())) for p in _seq(relation.location().rootPaths())]
     fs, _ = sources.filesystem_of(files[0])
     inner = [sources.filesystem_of(f)[1] for f in files]
     base = sources.filesystem_of(roots[0])[1] if len(roots) == 1 else ""
     partitions, schema = sources.hive_partitions(inner, base=base) if base else (None, None)
     label = roots[0] if len(roots) == 1 else f"{len(files)} Parquet files"
-    return sources.from_files(label, fs, inner, partitions, schema)
+    try:
+        return sources.from_files(label, fs, inner, partitions, schema)
+    except ConfigError as why:  # files of different schemas, say: Spark reads them, we do not
+        raise NotPlain(str(why)) from None
 
 
 def plain_scan(df: Any) -> Scan:
@@ -161,6 +191,8 @@ def plain_scan(df: Any) -> Scan:
         expression = arrow_filter(condition, columns)
         row_filter = (expression, str(condition.sql()), tuple(sorted(columns)))
     missing = [c for c in df.columns if c not in source.schema.names]
+    if row_filter is not None:
+        missing += [c for c in row_filter[2] if c not in source.schema.names]
     if missing:
-        raise NotPlain(f"its columns {missing} are not in the files")
+        raise NotPlain(f"its columns {sorted(set(missing))} are not in the files")
     return Scan(source, tuple(df.columns), row_filter)

@@ -315,8 +315,14 @@ def test_delta_in_and_delta_out(tmp_path: Path) -> None:
     check_output(tmp_path / "delta-out.parquet", data, model)
 
 
-def test_an_mlflow_uri_is_scored(tmp_path: Path) -> None:
+def test_an_mlflow_uri_is_scored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     mlflow = pytest.importorskip("mlflow")
+    from mlflow.tracking._tracking_service import utils
+
+    # set_tracking_uri writes a module global and MLFLOW_TRACKING_URI: both undone at the end,
+    # or later tests' runs (test_spark's tracking test) would be logged into this store.
+    monkeypatch.setattr(utils, "_tracking_uri", None)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     data = write_features(tmp_path / "in", files=1)
     model = make_model()
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")

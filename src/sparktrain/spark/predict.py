@@ -145,15 +145,8 @@ def predict(
     if via not in VIA:
         raise ConfigError(f"via={via!r} must be one of {list(VIA)}.")
     source, scan, reason = _files_input(df, via)
-    if source is None:
-        if via == "files":
-            raise ConfigError(f"via='files', but {reason}; pass via='auto' to use the UDF path.")
-        if preprocess is not None or autocast is not None or batch_tokens is not None:
-            raise ConfigError(
-                f"preprocess, autocast and batch_tokens need the files path, and {reason}; "
-                "write the DataFrame to Parquet first, or compute the inputs in Spark."
-            )
-        _say(f"the UDF path (the rows come from Spark through Arrow): {reason}")
+
+    def udf() -> Any:
         return _udf_path(
             df,
             model,
@@ -163,6 +156,17 @@ def predict(
             batch_size=batch_size,
             use_gpu=use_gpu,
         )
+
+    if source is None:
+        if via == "files":
+            raise ConfigError(f"via='files', but {reason}; pass via='auto' to use the UDF path.")
+        if preprocess is not None or autocast is not None or batch_tokens is not None:
+            raise ConfigError(
+                f"preprocess, autocast and batch_tokens need the files path, and {reason}; "
+                "write the DataFrame to Parquet first, or compute the inputs in Spark."
+            )
+        _say(f"the UDF path (the rows come from Spark through Arrow): {reason}")
+        return udf()
     from sparktrain.inference.planning import make_plan
     from sparktrain.spark.files_path import scored_dataframe
 
@@ -177,15 +181,7 @@ def predict(
             "vector (a user-defined type the files path does not rebuild); pass keep_cols "
             "without it for the files path"
         )
-        return _udf_path(
-            df,
-            model,
-            input_cols=input_cols,
-            output_col=output_col,
-            keep_cols=keep_cols,
-            batch_size=batch_size,
-            use_gpu=use_gpu,
-        )
+        return udf()
     if output_col in keep:
         raise ConfigError(
             f"output_col={output_col!r} is already a column of the DataFrame; choose another name."

@@ -1,46 +1,38 @@
 """``strategy="auto"``: ask :func:`sparktrain.plan` for this model on these GPUs and follow it.
 
-Without the run's shape the planner weighs model states only and picks a data-parallel strategy
-(:data:`AUTO_MAP` says how each runs with PyTorch's own wrappers). With ``plan_shape``
-(``seq_len``, ``micro_batch``, ...) it weighs activations too and may recommend a tensor x
-pipeline mesh, which runs as ``fsdp`` with ``tp``/``pp``.
+Runs inside a rank. ``auto`` is a strategy object like the others, but its one real step is
+resolve: it picks another registered strategy and its options, and ``prepare_model`` runs that
+one (the prepared model records the strategy that made it, not ``auto``). Without the run's
+shape the planner weighs model states only and picks a data-parallel row; the registry says
+which strategy runs each row (:func:`sparktrain.strategies.registry.auto_map`: PyTorch's own
+wrappers, so that ``auto`` needs no DeepSpeed). With ``plan_shape`` (``seq_len``,
+``micro_batch``, ...) it weighs activations too and may recommend a tensor x pipeline mesh,
+which runs as ``fsdp`` with ``tp``/``pp``.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 from sparktrain.errors import ConfigError
+from sparktrain.planner.strategies import Strategy as PlannerRow
 from sparktrain.rank.env import contract_int
+from sparktrain.strategies.base import Strategy, device, world
+from sparktrain.strategies.options import PrepareOptions
 
 log = logging.getLogger("sparktrain.strategies")
 
-#: How ``auto`` runs each planner recommendation with PyTorch's own wrappers.
-AUTO_MAP: dict[str, tuple[str, dict[str, Any]]] = {
-    "ddp": ("ddp", {}),
-    "zero1": ("fsdp", {"reshard_after_forward": False}),
-    "zero2": ("fsdp", {"reshard_after_forward": False}),
-    "zero3": ("fsdp", {}),
-    "zero2_offload": ("fsdp", {"reshard_after_forward": False, "cpu_offload": True}),
-    "zero3_offload": ("fsdp", {"cpu_offload": True}),
-    "zero3_offload_params": ("fsdp", {"cpu_offload": True}),
-}
 
-
-def choose(
-    model: Any,
-    gpu_memory: object,
-    cpu_memory: object,
-    precision: str | None,
-    shape: dict[str, Any] | None,
-) -> tuple[str, dict[str, Any]]:
-    """The strategy name and its ``prepare_model`` options (``tp``/``pp`` for a mesh)."""
+def choose(model: Any, options: PrepareOptions) -> tuple[str, dict[str, Any]]:
+    """The strategy name and the options it runs with (``tp``/``pp`` for a mesh)."""
     from sparktrain.planner import plan
-    from sparktrain.strategies.prepare import device, world
+    from sparktrain.strategies.registry import auto_map
 
     dist = world()
     where = device()
+    budget, gpu_memory = options.budget, options.budget.gpu_memory
     if gpu_memory is None:
         if where.type != "cuda":
             log.info("strategy='auto' on CPU ranks: ddp (no GPU memory to fit)")
@@ -49,31 +41,33 @@ def choose(
 
         gpu_memory = torch.cuda.get_device_properties(where).total_memory
     local = contract_int("LOCAL_WORLD_SIZE", 1)
+    precision = options.precision
     chosen = plan(
         model,
         gpus_per_node=local,
         nodes=max(1, dist.get_world_size() // local),
-        gpu_memory=gpu_memory,  # type: ignore[arg-type]
-        cpu_memory=cpu_memory,  # type: ignore[arg-type]
+        gpu_memory=gpu_memory,
+        cpu_memory=budget.cpu_memory,
         precision="fp32" if precision is None else f"{precision}-mixed",  # type: ignore[arg-type]
-        **(shape or {}),
+        **(budget.plan_shape or {}),
     )
     mesh = _auto_mesh(chosen, model)
     if mesh is not None:
-        name, options = "fsdp", {"tp": mesh.tp, "pp": mesh.pp}
+        name, settings = "fsdp", {"tp": mesh.tp, "pp": mesh.pp}
         said, reasons = mesh.name, chosen.mesh_reasons
     elif chosen.recommended is None:
         raise ConfigError(
             "strategy='auto': no strategy fits this model on these GPUs:\n" + str(chosen)
         )
     else:
-        name, options = AUTO_MAP[chosen.recommended]
+        runner, sharding = auto_map()[chosen.recommended]
+        name, settings = runner.name, dict(sharding)
         said, reasons = chosen.recommended, chosen.reasons
     if dist.get_rank() == 0:
-        print(f"sparktrain: strategy='auto' chose {said} (runs as {name} {options})")
+        print(f"sparktrain: strategy='auto' chose {said} (runs as {name} {settings})")
         for reason in reasons:
             print(f"  - {reason}")
-    return name, options
+    return name, settings
 
 
 def _auto_mesh(chosen: Any, model: Any) -> Any:
@@ -90,3 +84,34 @@ def _auto_mesh(chosen: Any, model: Any) -> Any:
     if pick is None or (pick.tp, pick.pp) == (1, 1):
         return None
     return pick
+
+
+class AutoStrategy(Strategy):
+    """Resolves to the registered strategy the planner's recommendation runs as."""
+
+    name = "auto"
+
+    def priced_as(self, options: PrepareOptions) -> PlannerRow | None:
+        """``None``: the row is the planner's recommendation, known once resolved."""
+        return None
+
+    def resolve(self, model: Any, options: PrepareOptions) -> tuple[Strategy, PrepareOptions]:
+        """The chosen strategy, with the sharding and layout ``auto`` chose over the user's."""
+        from sparktrain.strategies.registry import get
+
+        name, settings = choose(model, options)
+        layout = options.parallel
+        parallel = replace(
+            layout, tp=settings.pop("tp", layout.tp), pp=settings.pop("pp", layout.pp)
+        )
+        sharding = replace(options.sharding, **settings)
+        return get(name), replace(options, sharding=sharding, parallel=parallel)
+
+    def prepare(self, model: Any, options: PrepareOptions, where: Any) -> Any:
+        """Resolve, then the chosen strategy's module step."""
+        chosen, resolved = self.resolve(model, options)
+        return chosen.prepare(model, resolved, where)
+
+    def prepare_module(self, model: Any, options: PrepareOptions, where: Any) -> Any:
+        """As :meth:`prepare`: ``auto`` has no module of its own."""
+        return self.prepare(model, options, where)

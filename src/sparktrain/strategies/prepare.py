@@ -1,113 +1,50 @@
 """``prepare_model``: one word picks the strategy; the module comes back ready to train.
 
-Strategies (the registry lists them in its error):
-
-- ``ddp``: a full copy per rank, gradients all-reduced (``DistributedDataParallel``).
-- ``fsdp``: parameters, gradients and optimizer states sharded over the ranks with FSDP2
-  ``fully_shard`` (ZeRO-3). ``reshard_after_forward=False`` keeps parameters gathered between
-  forward and backward (ZeRO-2: less communication, more memory); ``cpu_offload=True`` keeps
-  shards and optimizer states in CPU memory (ZeRO-Offload).
-- ``auto``: :func:`sparktrain.plan` for this model and these GPUs picks the strategy with the
-  least communication that fits, and maps it onto the ones above (or onto a ``tp``/``pp``
-  mesh; see :mod:`sparktrain.strategies.auto`).
-
-- ``zero1``, ``zero2``, ``zero3``, ``zero1_offload``, ``zero2_offload``, ``zero3_offload``:
-  DeepSpeed ZeRO stages (the ``deepspeed`` extra); see :mod:`sparktrain.strategies.zero`.
-  They also need :func:`prepare_optimizer` and :func:`backward`, which the other strategies
-  accept too, so one loop serves all.
+Runs inside a rank. Each name is a strategy object of the registry
+(:mod:`sparktrain.strategies.registry`, whose error lists them): ``ddp``, ``fsdp`` (with
+``tp``/``pp``), the DeepSpeed ZeRO stages ``zero1`` ... ``zero3_offload`` and ``auto``.
+``prepare_model`` checks its arguments, groups them by concern
+(:mod:`sparktrain.strategies.options`; its flat keywords are the public surface and stay), looks
+the strategy up, lets it resolve (``auto`` picks another), and runs its steps. The prepared model
+records the object that made it, so :func:`prepare_optimizer`, :func:`full_state_dict` and
+:func:`plain_module` ask it rather than test the model's type; models wrapped elsewhere take the
+steps that fit their type (:func:`~sparktrain.strategies.registry.strategy_of`). With
+:func:`prepare_optimizer` and :func:`backward`, which the ZeRO stages need and the others accept,
+one loop serves all.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
-import os
 from typing import Any
 
 from sparktrain.errors import ConfigError
-from sparktrain.strategies import zero
-from sparktrain.strategies.composed import Pipelining, prepare_parallel
+from sparktrain.strategies import registry
+from sparktrain.strategies.base import Strategy, device, mark, world
+from sparktrain.strategies.composed import Pipelining
+from sparktrain.strategies.options import Budget, Parallelism, PrepareOptions, Sharding
+from sparktrain.strategies.skeleton import rebuild, weightless_copy
 from sparktrain.tracking.rank import log_params
 
 log = logging.getLogger("sparktrain.strategies")
 
-STRATEGIES = (
-    "ddp",
-    "fsdp",
-    "zero1",
-    "zero2",
-    "zero3",
-    "zero1_offload",
-    "zero2_offload",
-    "zero3_offload",
-    "auto",
-)
+#: Every strategy name, in the order the registry lists them.
+STRATEGIES: tuple[str, ...] = registry.names()
 _PRECISIONS = (None, "bf16", "fp16")
+#: The weightless copy of the plain module, on models that need one (not a submodule).
+_SKELETON = "_sparktrain_skeleton"
 
-
-def device() -> Any:
-    """This rank's device: ``cuda:LOCAL_RANK`` when the rank owns GPUs, else the CPU."""
-    import torch
-
-    if torch.cuda.is_available() and torch.cuda.device_count() > 0:
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return torch.device("cpu")
-
-
-def world() -> Any:
-    """``torch.distributed``, once its process group exists (else the error saying so)."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        raise ConfigError(
-            "prepare_model needs the process group: call "
-            "torch.distributed.init_process_group(...) first, inside the training function."
-        )
-    return dist
-
-
-def _check(strategy: object, precision: object) -> str:
-    if strategy not in STRATEGIES:
-        raise ConfigError(f"unknown strategy {strategy!r}; choose one of: {', '.join(STRATEGIES)}")
-    if precision not in _PRECISIONS:
-        raise ConfigError(f"precision={precision!r} must be None, 'bf16' or 'fp16'.")
-    return str(strategy)
-
-
-def _ddp(model: Any, where: Any) -> Any:
-    from torch.nn.parallel import DistributedDataParallel
-
-    ids = [where] if where.type == "cuda" else None
-    return DistributedDataParallel(model.to(where), device_ids=ids)
-
-
-def _fsdp(
-    model: Any,
-    where: Any,
-    *,
-    precision: str | None,
-    reshard_after_forward: bool,
-    cpu_offload: bool,
-    mesh: Any = None,
-) -> Any:
-    import torch
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
-
-    if mesh is None:
-        mesh = init_device_mesh(where.type, (world().get_world_size(),))
-    options: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
-    if precision is not None:
-        dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-        options["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-    if cpu_offload:
-        options["offload_policy"] = CPUOffloadPolicy(pin_memory=where.type == "cuda")
-    else:
-        model = model.to(where)
-    for child in model.modules():  # shard each layer that owns parameters, then the root
-        if child is not model and any(True for _ in child.parameters(recurse=False)):
-            fully_shard(child, **options)
-    return fully_shard(model, **options)
+__all__ = [
+    "STRATEGIES",
+    "backward",
+    "device",
+    "forward_backward",
+    "full_state_dict",
+    "plain_module",
+    "prepare_model",
+    "prepare_optimizer",
+    "world",
+]
 
 
 def prepare_model(
@@ -136,7 +73,8 @@ def prepare_model(
 
     Args:
         model: The ``nn.Module`` to train.
-        strategy: ``"ddp"``, ``"fsdp"`` or ``"auto"``.
+        strategy: A name of :data:`STRATEGIES`: ``"ddp"``, ``"fsdp"``, ``"zero1"`` ...
+            ``"zero3_offload"`` or ``"auto"``.
         precision: ``None`` (fp32), ``"bf16"`` or ``"fp16"`` mixed precision (``fsdp``).
         reshard_after_forward: ``fsdp``: free gathered parameters after forward (ZeRO-3);
             ``False`` keeps them until backward (ZeRO-2).
@@ -174,50 +112,35 @@ def prepare_model(
         ConfigError: Unknown strategy (the message lists them), no process group, or ``auto``
             found nothing that fits.
     """
-    name = _check(strategy, precision)
-    # A weightless copy of the plain module: log_model rebuilds it from gathered shards.
-    skeleton = copy.deepcopy(model).to("meta")
-    options: dict[str, Any] = {
-        "reshard_after_forward": reshard_after_forward,
-        "cpu_offload": cpu_offload,
-    }
-    if name == "auto":
-        from sparktrain.strategies.auto import choose
-
-        name, chosen = choose(model, gpu_memory, cpu_memory, precision, plan_shape)
-        tp, pp = chosen.pop("tp", tp), chosen.pop("pp", pp)
-        options.update(chosen)
-    world()
-    where = device()
-    log_params(
-        {
-            "strategy": name,
-            **({f"fsdp_{k}": v for k, v in options.items()} if name == "fsdp" else {}),
-            **({"tp": tp} if tp != 1 else {}),
-            **({"pp": pp, "pp_schedule": schedule} if pp != 1 else {}),
-        }
-    )
-    prepared: Any
-    if tp != 1 or pp != 1 or parallelize_plan is not None:
-        prepared = prepare_parallel(
-            model,
-            name,
-            where,
+    strategy_object = registry.get(strategy)
+    if precision not in _PRECISIONS:
+        raise ConfigError(f"precision={precision!r} must be None, 'bf16' or 'fp16'.")
+    options = PrepareOptions(
+        precision=precision,
+        sharding=Sharding(reshard_after_forward=reshard_after_forward, cpu_offload=cpu_offload),
+        parallel=Parallelism(
             tp=tp,
             pp=pp,
             plan=parallelize_plan,
             pipelining=Pipelining(schedule, microbatches, stages_per_rank, split_points),
-            shard=lambda m, w, mesh: _fsdp(m, w, precision=precision, mesh=mesh, **options),
-        )
-    elif name == "ddp":
-        return _ddp(model, where)
-    elif name in zero.STAGES:
-        user = zero.deepspeed_config() or {}
-        config = zero.zero_config(name, precision, {**user, **(deepspeed_config or {})})
-        prepared = zero.ZeroModel(model.to(where), config)
-    else:
-        prepared = _fsdp(model, where, precision=precision, **options)
-    object.__setattr__(prepared, "_sparktrain_skeleton", skeleton)  # not a registered submodule
+        ),
+        budget=Budget(gpu_memory=gpu_memory, cpu_memory=cpu_memory, plan_shape=plan_shape),
+        deepspeed_config=deepspeed_config,
+    )
+    return _run_steps(strategy_object, model, options)
+
+
+def _run_steps(strategy: Strategy, model: Any, options: PrepareOptions) -> Any:
+    """Resolve ``strategy``, then its steps: log, skeleton, module; the prepared model marked."""
+    world()
+    strategy, options = strategy.resolve(model, options)
+    where = device()
+    log_params(strategy.settings(options))
+    skeleton = weightless_copy(model) if strategy.needs_skeleton(options) else None
+    prepared = strategy.prepare(model, options, where)
+    mark(prepared, strategy)
+    if skeleton is not None:  # log_model rebuilds the plain module from the gathered state
+        object.__setattr__(prepared, _SKELETON, skeleton)
     return prepared
 
 
@@ -226,17 +149,12 @@ def prepare_optimizer(optimizer: Any, model: Any) -> Any:
 
     Call it after :func:`prepare_model`, with a torch optimizer over ``model.parameters()``.
     """
-    if isinstance(model, zero.ZeroModel):
-        return zero.build_engine(model, optimizer)
-    return optimizer
+    return registry.strategy_of(model).prepare_optimizer(model, optimizer)
 
 
 def backward(loss: Any, optimizer: Any = None) -> None:
     """``loss.backward()``, or the DeepSpeed engine's backward for the ZeRO strategies."""
-    if isinstance(optimizer, zero.ZeroOptimizer):
-        optimizer.engine.backward(loss)
-    else:
-        loss.backward()
+    registry.strategy_of(optimizer).backward(loss, optimizer)
 
 
 def forward_backward(
@@ -258,7 +176,7 @@ def forward_backward(
     """
     from sparktrain.strategies.pipeline import PipelineModel
 
-    if isinstance(model, PipelineModel):
+    if isinstance(model, PipelineModel):  # the schedule runs forward and backward together
         return model.step(inputs, target, loss_fn)
     output = model(*inputs) if isinstance(inputs, tuple) else model(inputs)
     loss = loss_fn(output, target)
@@ -267,38 +185,23 @@ def forward_backward(
 
 
 def full_state_dict(model: Any) -> dict[str, Any]:
-    """The whole, unwrapped ``state_dict`` of a DDP or FSDP model, on every rank, on the CPU.
+    """The whole, unwrapped ``state_dict`` of a prepared model, on every rank, on the CPU.
 
-    A collective for FSDP and pipelines (the shards and stages are gathered): call it on every
-    rank.
+    A collective for FSDP, ZeRO-3 and pipelines (the shards and stages are gathered): call it on
+    every rank. A DDP or FSDP module wrapped outside :func:`prepare_model` works too.
     """
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-    from torch.nn.parallel import DistributedDataParallel
-
-    if isinstance(model, zero.ZeroModel):
-        return zero.full_state(model)
-    from sparktrain.strategies.pipeline import PipelineModel, gather_state
-
-    if isinstance(model, PipelineModel):  # each stage whole, then every stage
-        return dict(gather_state(model, full_state_dict))
-    if isinstance(model, DistributedDataParallel):
-        model = model.module
-    options = StateDictOptions(full_state_dict=True, cpu_offload=False)
-    state: dict[str, Any] = dict(get_model_state_dict(model, options=options))
-    return {k: v.detach().cpu() if hasattr(v, "detach") else v for k, v in state.items()}
+    return registry.strategy_of(model).full_state_dict(model)
 
 
 def plain_module(model: Any) -> Any:
     """``model`` as a plain module with whole weights, loadable without a process group.
 
-    DDP, FSDP1 and sparktrain's ZeRO-1/2 wrappers are unwrapped; FSDP2 and ZeRO-3 modules are
-    rebuilt from their gathered state, which is a collective: call it on every rank.
+    DDP and FSDP1 wrappers are unwrapped; models that ``prepare_model`` sharded, split or handed
+    to DeepSpeed (FSDP2, ``tp``/``pp``, the ZeRO stages) are rebuilt on the CPU from their
+    gathered state and a weightless skeleton, which is a collective: call it on every rank.
     """
-    skeleton = getattr(model, "_sparktrain_skeleton", None)
-    if skeleton is not None:  # FSDP2 / ZeRO-3: rebuild from the gathered state
-        state = full_state_dict(model)
-        plain = copy.deepcopy(skeleton).to_empty(device="cpu")
-        plain.load_state_dict(state)
-        return plain
-    module = getattr(model, "module", model)  # DDP, FSDP1, sparktrain's ZeRO-1/2 model
+    skeleton = getattr(model, _SKELETON, None)
+    if skeleton is not None:
+        return rebuild(skeleton, full_state_dict(model))
+    module = getattr(model, "module", model)  # DDP, FSDP1
     return getattr(module, "module", module)

@@ -6,6 +6,13 @@ configuration) and ``prepare_optimizer`` builds the engine from it and the user'
 optimizer; from then on the model's forward goes through the engine, and
 :func:`sparktrain.backward` and ``optimizer.step()`` call the engine's ``backward`` and ``step``.
 A torch optimizer is used as given, so no DeepSpeed op has to be compiled for it.
+
+Runs inside a rank. One :class:`ZeroStrategy` object per stage and offload variant; each names
+the planner row that prices it. The planner has no row for stage 1 with offload: DeepSpeed's
+ZeRO-Offload moves the gradients to the CPU at stage 1 as at stage 2 (one optimizer runs both), so
+``zero2_offload`` prices it. Every stage keeps a weightless skeleton for ``plain_module``: ZeRO-3
+partitions the parameters, and at every stage DeepSpeed casts the module to bf16 or fp16 in place,
+so the plain module is rebuilt in the user's dtypes on the CPU.
 """
 
 from __future__ import annotations
@@ -16,6 +23,9 @@ from typing import Any
 from torch import nn
 
 from sparktrain.errors import ConfigError
+from sparktrain.planner.strategies import Strategy as PlannerRow
+from sparktrain.strategies.base import Strategy, mark
+from sparktrain.strategies.options import PrepareOptions
 
 #: strategy name -> (ZeRO stage, optimizer states offloaded to CPU, parameters offloaded)
 STAGES: dict[str, tuple[int, bool, bool]] = {
@@ -163,3 +173,53 @@ def full_state(model: ZeroModel) -> dict[str, Any]:
     params = list(model.module.parameters())
     with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
         return {k: v.detach().cpu().clone() for k, v in model.module.state_dict().items()}
+
+
+class ZeroStrategy(Strategy):
+    """A DeepSpeed ZeRO stage: :class:`ZeroModel`, then the engine from the user's optimizer."""
+
+    def __init__(self, name: str, row: PlannerRow) -> None:
+        """The strategy ``name`` (a key of :data:`STAGES`), priced by the planner's ``row``."""
+        self.name = name
+        self.row = row
+
+    def priced_as(self, options: PrepareOptions) -> PlannerRow:
+        """The planner row named at construction."""
+        return self.row
+
+    def needs_skeleton(self, options: PrepareOptions) -> bool:
+        """Yes: DeepSpeed partitions (ZeRO-3) or casts (bf16, fp16) the module in place."""
+        return True
+
+    def prepare_module(self, model: Any, options: PrepareOptions, where: Any) -> Any:
+        """A :class:`ZeroModel`: the module on ``where`` and the stage's configuration.
+
+        The user's settings win: those given to the launch, then ``deepspeed_config``.
+        """
+        user = {**(deepspeed_config() or {}), **(options.deepspeed_config or {})}
+        return ZeroModel(model.to(where), zero_config(self.name, options.precision, user))
+
+    def prepare_optimizer(self, model: Any, optimizer: Any) -> Any:
+        """The engine's optimizer (:class:`ZeroOptimizer`), built from ``optimizer``."""
+        stepping = build_engine(model, optimizer)
+        mark(stepping, self)
+        return stepping
+
+    def backward(self, loss: Any, optimizer: Any) -> None:
+        """The engine's backward (it scales the loss and reduces the gradients)."""
+        optimizer.engine.backward(loss)
+
+    def full_state_dict(self, model: Any) -> dict[str, Any]:
+        """:func:`full_state`: gathered from the partitions at ZeRO-3."""
+        return full_state(model)
+
+
+#: One object per ``prepare_model`` name of :data:`STAGES`, in its order.
+ZERO_STRATEGIES: tuple[ZeroStrategy, ...] = (
+    ZeroStrategy("zero1", "zero1"),
+    ZeroStrategy("zero2", "zero2"),
+    ZeroStrategy("zero3", "zero3"),
+    ZeroStrategy("zero1_offload", "zero2_offload"),
+    ZeroStrategy("zero2_offload", "zero2_offload"),
+    ZeroStrategy("zero3_offload", "zero3_offload_params"),  # offload_param too: see STAGES
+)

@@ -10,6 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from sparktrain._version import __version__
+from sparktrain.contract.env import restart_count
 from sparktrain.errors import (
     CapacityError,
     ClusterConfigError,
@@ -21,7 +22,6 @@ from sparktrain.errors import (
     TrainingFailedError,
     TrainingTimeoutError,
 )
-from sparktrain.rank.env import restart_count
 from sparktrain.rank.reporting import progress, report
 
 if TYPE_CHECKING:

@@ -23,10 +23,10 @@ from typing import Any, Literal
 
 from typing_extensions import Unpack
 
+from sparktrain.contract import pickling
 from sparktrain.driver.launch import PreparedLaunch, prepare
 from sparktrain.errors import ConfigError
 from sparktrain.horovod.alias import run_with_alias
-from sparktrain.launchplan import pickling
 from sparktrain.launchplan.entrypoint import make_entrypoint
 from sparktrain.launchplan.options import RunOptions, RunOptionsArgs, run_options
 

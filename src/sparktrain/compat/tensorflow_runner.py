@@ -26,9 +26,9 @@ from typing import Any, Literal
 from typing_extensions import Unpack
 
 from sparktrain.compat.tensorflow_rank import run_worker
+from sparktrain.contract import pickling
 from sparktrain.driver.launch import PreparedLaunch, prepare
 from sparktrain.errors import ClusterConfigError, ConfigError
-from sparktrain.launchplan import pickling
 from sparktrain.launchplan.entrypoint import make_entrypoint
 from sparktrain.launchplan.front import MIRRORED_STRATEGY_RUNNER
 from sparktrain.launchplan.options import RunOptions, RunOptionsArgs, run_options

@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sparktrain.contract import pickling
 from sparktrain.errors import ConfigError
 from sparktrain.horovod.alias import run_with_alias
-from sparktrain.launchplan import pickling
 from sparktrain.launchplan.options import NAMES
 
 #: Horovod launcher settings with no meaning here, accepted and ignored.

@@ -113,7 +113,7 @@ def _variables(name: str, value: object) -> Mapping[str, str] | None:
             f"{name}={value!r} must map variable names to string values, e.g. "
             "{'HF_HOME': '/dbfs/hf'}, or be None."
         )
-    from sparktrain.rank.env import CONTRACT_VARS
+    from sparktrain.contract.env import CONTRACT_VARS
 
     owned = sorted(set(value) & set(CONTRACT_VARS))
     if owned:

@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparktrain.contract.env import contract_rank
 from sparktrain.inference import outputs
-from sparktrain.rank.env import contract_rank
 from sparktrain.spark import tasks
 
 #: Rows of the training data kept as the MLflow input example (the model's signature).

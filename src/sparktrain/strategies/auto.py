@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from sparktrain.contract.env import contract_int
 from sparktrain.errors import ConfigError
-from sparktrain.rank.env import contract_int
 
 log = logging.getLogger("sparktrain.strategies")
 

@@ -126,7 +126,8 @@ def _loop(job: FitJob, model: Any, device: Any) -> tuple[Any, list[dict[str, flo
     import torch
     import torch.distributed as dist
 
-    from sparktrain import report, strategies, tracking
+    from sparktrain import strategies, tracking
+    from sparktrain.rank.reporting import report
 
     dtype = _float_dtype(model)
     wrapped = strategies.prepare_model(model, job.strategy)

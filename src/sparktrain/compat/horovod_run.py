@@ -1,4 +1,4 @@
-"""``horovod.run(func, args, kwargs, num_proc)``: every rank's value, in rank order.
+"""``horovod.run(func, args, kwargs, num_proc)``: every rank's value, in rank order (a front door).
 
 Horovod's interactive front door starts ``num_proc`` processes (``np=`` before Horovod 0.25,
 still accepted), runs ``func(*args, **kwargs)`` in each and returns the list of their return

@@ -121,3 +121,24 @@ def test_a_public_name_is_declared_in_one_table() -> None:
             f"sparktrain.{attribute}" if module == "sparktrain" else module
         )
         assert module == "sparktrain" or hasattr(target, attribute), name
+
+
+def test_every_front_door_documents_every_run_option() -> None:
+    """The docstrings list the options from RunOptions' fields, so none is ever missing."""
+    from sparktrain.compat.horovod_run import run as horovod_run
+    from sparktrain.launchplan.options import NAMES, OPTIONS_MARK
+
+    doors = [
+        sparktrain.launch,
+        sparktrain.distributed,
+        sparktrain.TorchDistributor.__init__,
+        sparktrain.DeepspeedTorchDistributor.__init__,
+        sparktrain.HorovodRunner.__init__,
+        sparktrain.MirroredStrategyRunner.__init__,
+        horovod_run,
+    ]
+    for door in doors:
+        doc = door.__doc__ or ""
+        assert OPTIONS_MARK not in doc, door
+        missing = [n for n in NAMES if f"``{n}``" not in doc]
+        assert not missing, (door.__qualname__, missing)

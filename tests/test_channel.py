@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from sparktrain.node.channel import ChannelClient, ChannelError, ChannelServer
+from sparktrain.contract.channel import ChannelClient, ChannelError, ChannelServer
 
 
 def _wait(predicate, within: float = 5.0) -> bool:  # type: ignore[no-untyped-def]
@@ -37,7 +37,7 @@ def test_authenticated_agent_talks_both_ways() -> None:
 def test_wrong_secret_is_refused_and_logged(caplog: pytest.LogCaptureFixture) -> None:
     server = ChannelServer("127.0.0.1", b"right-secret-0123456789abcdef012")
     try:
-        with caplog.at_level(logging.WARNING, "sparktrain.node.channel"):
+        with caplog.at_level(logging.WARNING, "sparktrain.contract.channel"):
             with pytest.raises((ChannelError, OSError)):
                 ChannelClient(server.address, b"wrong-secret-0123456789abcdef01")
             assert _wait(lambda: len(server.refused) == 1)

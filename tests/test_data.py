@@ -246,7 +246,7 @@ def _train(path: str, out: str, workers: int, kill_at: int) -> int:
     import torch.distributed as dist
 
     from sparktrain import checkpoint
-    from sparktrain.rank.env import restart_count
+    from sparktrain.contract.env import restart_count
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()

@@ -24,6 +24,9 @@ from sparktrain import (
     TrainingFailedError,
     TrainingTimeoutError,
 )
+from sparktrain.contract.outcome import NodeOutcome, RankExit
+from sparktrain.contract.paths import error_path, result_path
+from sparktrain.contract.report import NodeReport, node_report
 from sparktrain.driver import elastic
 from sparktrain.driver import follow as follow_module
 from sparktrain.driver.backend import Attempt, Backend, Nodes, Polled
@@ -34,9 +37,6 @@ from sparktrain.errors import CapacityError, GrowBack, RankFailure, StackSite
 from sparktrain.launchplan.layout import LaunchPlan, make_plan
 from sparktrain.launchplan.options import RunOptions
 from sparktrain.launchplan.topology import Topology
-from sparktrain.node.outcome import NodeOutcome, RankExit
-from sparktrain.node.report import NodeReport, node_report
-from sparktrain.rank.paths import error_path, result_path
 
 
 def _failure(rank: int, when: float, message: str, exc: str | None = "ValueError") -> RankFailure:

@@ -1,8 +1,8 @@
 """Lightning and the Hugging Face Trainer inside a launch: one rank each, no processes of their own.
 
 Both frameworks look for an already-launched job (the torchelastic variables that
-``sparktrain.rank.env`` sets) before they start processes themselves. Every rank reports its pid and
-its children at the end of training, so a framework that spawned workers would show; the
+``sparktrain.contract.env`` sets) before they start processes themselves. Every rank reports its
+pid and its children at the end of training, so a framework that spawned workers would show; the
 weights must have moved, the loss fallen, and both ranks must end with the same weights.
 """
 
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import sparktrain
-from sparktrain.rank.env import RankEnv, rank_environ
+from sparktrain.contract.env import RankEnv, rank_environ
 
 # The Spark test's executors do not have tests/ on their path: ship this module by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -94,3 +94,51 @@ def test_the_spark_ml_package_without_pyspark_says_what_to_install() -> None:
     assert out.stdout.strip() == (
         "sparktrain.spark.TorchEstimator needs pyspark: pip install 'sparktrain[spark]'"
     )
+
+
+def test_a_public_name_is_declared_in_one_table() -> None:
+    """``__all__`` is made from ``_LAZY`` (and the errors); the ``TYPE_CHECKING`` imports, there
+    for type checkers, re-export exactly the table's names."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(sparktrain.__file__).read_text())
+    typing_block = next(
+        n
+        for n in tree.body
+        if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING"
+    )
+    typed = {
+        alias.asname or alias.name
+        for node in ast.walk(typing_block)
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    assert typed == set(sparktrain._LAZY)
+    assert set(sparktrain.__all__) == {*sparktrain._LAZY, *sparktrain._ERRORS, "__version__"}
+    for name, (module, attribute) in sparktrain._LAZY.items():
+        target = __import__("importlib").import_module(
+            f"sparktrain.{attribute}" if module == "sparktrain" else module
+        )
+        assert module == "sparktrain" or hasattr(target, attribute), name
+
+
+def test_every_front_door_documents_every_run_option() -> None:
+    """The docstrings list the options from RunOptions' fields, so none is ever missing."""
+    from sparktrain.compat.horovod_run import run as horovod_run
+    from sparktrain.launchplan.options import NAMES, OPTIONS_MARK
+
+    doors = [
+        sparktrain.launch,
+        sparktrain.distributed,
+        sparktrain.TorchDistributor.__init__,
+        sparktrain.DeepspeedTorchDistributor.__init__,
+        sparktrain.HorovodRunner.__init__,
+        sparktrain.MirroredStrategyRunner.__init__,
+        horovod_run,
+    ]
+    for door in doors:
+        doc = door.__doc__ or ""
+        assert OPTIONS_MARK not in doc, door
+        missing = [n for n in NAMES if f"``{n}``" not in doc]
+        assert not missing, (door.__qualname__, missing)

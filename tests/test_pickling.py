@@ -7,7 +7,7 @@ import sys
 import traceback
 import types
 
-from sparktrain.launchplan import pickling
+from sparktrain.contract import pickling
 
 SOURCE = """
 def helper(x):

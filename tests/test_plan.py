@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from sparktrain import ClusterConfigError, ConfigError, HorovodRunner, TorchDistributor
+from sparktrain.contract.env import RankEnv, rank_environ
 from sparktrain.driver.launch import prepare
 from sparktrain.launchplan.layout import make_plan
 from sparktrain.launchplan.options import run_options
 from sparktrain.launchplan.topology import Topology
-from sparktrain.rank.env import RankEnv, rank_environ
 
 CPU = Topology(cpus=2, gpus=(), hostname="h")
 TWO_GPUS = Topology(cpus=8, gpus=("3", "5"), hostname="h")
@@ -237,9 +237,9 @@ class _Context:
 
 
 def test_task_gpu_addresses_must_be_plain_integers(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sparktrain.contract.spec import NodeSpec
     from sparktrain.launchplan.options import RunOptions
     from sparktrain.node.spark_task import _gpus
-    from sparktrain.node.spec import NodeSpec
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     spec = NodeSpec(
@@ -259,10 +259,10 @@ def test_a_spark_gpu_address_is_a_position_in_the_executors_cuda_visible_devices
     """pyspark's _get_gpus_owned and spark-tensorflow-distributor read address i as the i-th
     entry of an existing CUDA_VISIBLE_DEVICES (their tests: addresses 0,1,2 with
     CUDA_VISIBLE_DEVICES=3,4,5 are GPUs 3,4,5)."""
+    from sparktrain.contract.spec import NodeSpec
     from sparktrain.launchplan.options import RunOptions
     from sparktrain.launchplan.topology import spark_gpus
     from sparktrain.node.spark_task import _gpus
-    from sparktrain.node.spec import NodeSpec
 
     assert spark_gpus(["0", "1", "2"], ("3", "4", "5")) == ("3", "4", "5")
     assert spark_gpus(["2"], None) == ("2",)

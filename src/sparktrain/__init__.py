@@ -9,122 +9,140 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from sparktrain._version import __version__
+from sparktrain._version import __version__ as __version__
 from sparktrain.errors import (
-    CapacityError,
-    ClusterConfigError,
-    ClusterError,
-    ConfigError,
-    HangError,
-    RankFailure,
-    SparkJobError,
-    TrainingFailedError,
-    TrainingTimeoutError,
+    CapacityError as CapacityError,
 )
-from sparktrain.rank.env import restart_count
-from sparktrain.rank.reporting import progress, report
+from sparktrain.errors import (
+    ClusterConfigError as ClusterConfigError,
+)
+from sparktrain.errors import (
+    ClusterError as ClusterError,
+)
+from sparktrain.errors import (
+    ConfigError as ConfigError,
+)
+from sparktrain.errors import (
+    HangError as HangError,
+)
+from sparktrain.errors import (
+    RankFailure as RankFailure,
+)
+from sparktrain.errors import (
+    SparkJobError as SparkJobError,
+)
+from sparktrain.errors import (
+    TrainingFailedError as TrainingFailedError,
+)
+from sparktrain.errors import (
+    TrainingTimeoutError as TrainingTimeoutError,
+)
 
 if TYPE_CHECKING:
-    from sparktrain import checkpoint, elastic, tuning
-    from sparktrain.compat.decorator import distributed
-    from sparktrain.compat.deepspeed_distributor import DeepspeedTorchDistributor
-    from sparktrain.compat.horovod_runner import HorovodRunner
-    from sparktrain.compat.tensorflow_runner import MirroredStrategyRunner
-    from sparktrain.compat.torch_distributor import TorchDistributor
-    from sparktrain.driver.launch import launch
-    from sparktrain.driver.local_cluster import LocalCluster
-    from sparktrain.driver.results import Rescale, RunResult
-    from sparktrain.launchplan.layout import LaunchPlan
-    from sparktrain.launchplan.options import RunOptions
-    from sparktrain.node.warm import shutdown as shutdown_warm
-    from sparktrain.planner import plan
-    from sparktrain.strategies import (
-        backward,
-        deepspeed_config,
-        forward_backward,
-        full_state_dict,
-        prepare_data_loader,
-        prepare_model,
-        prepare_optimizer,
+    from sparktrain import checkpoint as checkpoint
+    from sparktrain import elastic as elastic
+    from sparktrain import tuning as tuning
+    from sparktrain.compat.decorator import distributed as distributed
+    from sparktrain.compat.deepspeed_distributor import (
+        DeepspeedTorchDistributor as DeepspeedTorchDistributor,
     )
-    from sparktrain.tracking import log_metrics, log_model, log_params
-    from sparktrain.tuning import tune
+    from sparktrain.compat.horovod_runner import HorovodRunner as HorovodRunner
+    from sparktrain.compat.tensorflow_runner import MirroredStrategyRunner as MirroredStrategyRunner
+    from sparktrain.compat.torch_distributor import TorchDistributor as TorchDistributor
+    from sparktrain.contract.env import restart_count as restart_count
+    from sparktrain.driver.launch import launch as launch
+    from sparktrain.driver.local_cluster import LocalCluster as LocalCluster
+    from sparktrain.driver.results import Rescale as Rescale
+    from sparktrain.driver.results import RunResult as RunResult
+    from sparktrain.launchplan.layout import LaunchPlan as LaunchPlan
+    from sparktrain.launchplan.options import RunOptions as RunOptions
+    from sparktrain.node.warm import shutdown as shutdown_warm  # noqa: F401 - in _LAZY
+    from sparktrain.planner import plan as plan
+    from sparktrain.rank.reporting import progress as progress
+    from sparktrain.rank.reporting import report as report
+    from sparktrain.strategies import (
+        backward as backward,
+    )
+    from sparktrain.strategies import (
+        deepspeed_config as deepspeed_config,
+    )
+    from sparktrain.strategies import (
+        forward_backward as forward_backward,
+    )
+    from sparktrain.strategies import (
+        full_state_dict as full_state_dict,
+    )
+    from sparktrain.strategies import (
+        prepare_data_loader as prepare_data_loader,
+    )
+    from sparktrain.strategies import (
+        prepare_model as prepare_model,
+    )
+    from sparktrain.strategies import (
+        prepare_optimizer as prepare_optimizer,
+    )
+    from sparktrain.tracking import (
+        log_metrics as log_metrics,
+    )
+    from sparktrain.tracking import (
+        log_model as log_model,
+    )
+    from sparktrain.tracking import (
+        log_params as log_params,
+    )
+    from sparktrain.tuning import tune as tune
 
-__all__ = [
-    "CapacityError",
-    "ClusterConfigError",
-    "ClusterError",
-    "ConfigError",
-    "DeepspeedTorchDistributor",
-    "HangError",
-    "HorovodRunner",
-    "LaunchPlan",
-    "LocalCluster",
-    "MirroredStrategyRunner",
-    "RankFailure",
-    "Rescale",
-    "RunOptions",
-    "RunResult",
-    "SparkJobError",
-    "TorchDistributor",
-    "TrainingFailedError",
-    "TrainingTimeoutError",
-    "__version__",
-    "backward",
-    "checkpoint",
-    "deepspeed_config",
-    "distributed",
-    "elastic",
-    "forward_backward",
-    "full_state_dict",
-    "launch",
-    "log_metrics",
-    "log_model",
-    "log_params",
-    "plan",
-    "prepare_data_loader",
-    "prepare_model",
-    "prepare_optimizer",
-    "progress",
-    "report",
-    "restart_count",
-    "shutdown_warm",
-    "tune",
-    "tuning",
-]
-
-_LAZY = {
+#: Every public name loaded on first use: name -> (module, attribute); ``("sparktrain", x)`` is
+#: the submodule ``x``. The one place a public name is declared: ``__all__`` is made from it, and
+#: ``tests/test_imports.py`` checks that the ``TYPE_CHECKING`` imports above name the same.
+_LAZY: dict[str, tuple[str, str]] = {
+    "checkpoint": ("sparktrain", "checkpoint"),
+    "elastic": ("sparktrain", "elastic"),
+    "tuning": ("sparktrain", "tuning"),
+    "distributed": ("sparktrain.compat.decorator", "distributed"),
     "DeepspeedTorchDistributor": (
         "sparktrain.compat.deepspeed_distributor",
         "DeepspeedTorchDistributor",
     ),
-    "checkpoint": ("sparktrain", "checkpoint"),
-    "elastic": ("sparktrain", "elastic"),
-    "LocalCluster": ("sparktrain.driver.local_cluster", "LocalCluster"),
-    "Rescale": ("sparktrain.driver.results", "Rescale"),
-    "distributed": ("sparktrain.compat.decorator", "distributed"),
     "HorovodRunner": ("sparktrain.compat.horovod_runner", "HorovodRunner"),
     "MirroredStrategyRunner": ("sparktrain.compat.tensorflow_runner", "MirroredStrategyRunner"),
     "TorchDistributor": ("sparktrain.compat.torch_distributor", "TorchDistributor"),
+    "restart_count": ("sparktrain.contract.env", "restart_count"),
     "launch": ("sparktrain.driver.launch", "launch"),
-    "LaunchPlan": ("sparktrain.launchplan.layout", "LaunchPlan"),
+    "LocalCluster": ("sparktrain.driver.local_cluster", "LocalCluster"),
+    "Rescale": ("sparktrain.driver.results", "Rescale"),
     "RunResult": ("sparktrain.driver.results", "RunResult"),
+    "LaunchPlan": ("sparktrain.launchplan.layout", "LaunchPlan"),
     "RunOptions": ("sparktrain.launchplan.options", "RunOptions"),
+    "shutdown_warm": ("sparktrain.node.warm", "shutdown"),
     "plan": ("sparktrain.planner", "plan"),
-    "log_params": ("sparktrain.tracking", "log_params"),
-    "log_metrics": ("sparktrain.tracking", "log_metrics"),
-    "log_model": ("sparktrain.tracking", "log_model"),
-    "prepare_model": ("sparktrain.strategies", "prepare_model"),
-    "prepare_data_loader": ("sparktrain.strategies", "prepare_data_loader"),
-    "full_state_dict": ("sparktrain.strategies", "full_state_dict"),
-    "forward_backward": ("sparktrain.strategies", "forward_backward"),
-    "prepare_optimizer": ("sparktrain.strategies", "prepare_optimizer"),
+    "progress": ("sparktrain.rank.reporting", "progress"),
+    "report": ("sparktrain.rank.reporting", "report"),
     "backward": ("sparktrain.strategies", "backward"),
     "deepspeed_config": ("sparktrain.strategies", "deepspeed_config"),
-    "shutdown_warm": ("sparktrain.node.warm", "shutdown"),
+    "forward_backward": ("sparktrain.strategies", "forward_backward"),
+    "full_state_dict": ("sparktrain.strategies", "full_state_dict"),
+    "prepare_data_loader": ("sparktrain.strategies", "prepare_data_loader"),
+    "prepare_model": ("sparktrain.strategies", "prepare_model"),
+    "prepare_optimizer": ("sparktrain.strategies", "prepare_optimizer"),
+    "log_metrics": ("sparktrain.tracking", "log_metrics"),
+    "log_model": ("sparktrain.tracking", "log_model"),
+    "log_params": ("sparktrain.tracking", "log_params"),
     "tune": ("sparktrain.tuning", "tune"),
-    "tuning": ("sparktrain", "tuning"),
 }
+
+_ERRORS = [
+    "CapacityError",
+    "ClusterConfigError",
+    "ClusterError",
+    "ConfigError",
+    "HangError",
+    "RankFailure",
+    "SparkJobError",
+    "TrainingFailedError",
+    "TrainingTimeoutError",
+]
+__all__ = ["__version__", *_ERRORS, *_LAZY]  # noqa: PLE0604 - made from the two tables
 
 
 def __getattr__(name: str) -> Any:

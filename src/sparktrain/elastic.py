@@ -11,8 +11,8 @@ scale the learning rate instead passes ``on_rescale`` to
 
 from __future__ import annotations
 
+from sparktrain.contract import env
 from sparktrain.errors import ConfigError
-from sparktrain.rank import env
 
 
 def target_world_size() -> int:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sparktrain.rank.env import (
+from sparktrain.contract.env import (
     contract_int,
     contract_rank,
     cuda_visible_devices,

@@ -31,7 +31,7 @@ from sparktrain.driver.backend import Backend, check_backend
 from sparktrain.errors import ConfigError
 from sparktrain.launchplan.front import FrontDoor
 from sparktrain.launchplan.layout import check_count, check_use_gpu
-from sparktrain.launchplan.options import RunOptions, RunOptionsArgs, run_options
+from sparktrain.launchplan.options import RunOptions, RunOptionsArgs, documents_options, run_options
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -124,6 +124,7 @@ def distributed(
 ) -> Callable[[Callable[P, R]], DistributedFunction[P, R]]: ...
 
 
+@documents_options
 def distributed(
     fn: Callable[P, R] | None = None,
     /,
@@ -145,8 +146,10 @@ def distributed(
             SparkSession), ``"ray"``, or a ``Backend``.
         ray_address: With ``backend="ray"``: the cluster to join.
         options: A :class:`~sparktrain.RunOptions` to start from.
-        **option_args: Run options by name (``timeout``, ``max_restarts``, ``mlflow``,
-            ``progress``, ...).
+        **option_args: Run options by name (:class:`~sparktrain.RunOptions`; ``return_all``
+            does not apply, ``fn.distributed()`` returns every rank's value):
+
+            {run_options}
 
     Returns:
         A :class:`DistributedFunction` (or, with arguments, the decorator that makes one).

@@ -29,7 +29,7 @@ from typing_extensions import Unpack
 from sparktrain.compat.torch_distributor import TorchDistributor
 from sparktrain.errors import ConfigError
 from sparktrain.launchplan.front import DEEPSPEED_DISTRIBUTOR, FrontDoor
-from sparktrain.launchplan.options import RunOptions, RunOptionsArgs
+from sparktrain.launchplan.options import RunOptions, RunOptionsArgs, documents_options
 from sparktrain.rank import rundirs
 
 
@@ -101,6 +101,7 @@ class DeepspeedTorchDistributor(TorchDistributor):
     count_name: ClassVar[str] = "numGpus * nnodes"
     front_door: ClassVar[FrontDoor] = DEEPSPEED_DISTRIBUTOR
 
+    @documents_options
     def __init__(
         self,
         numGpus: int = 1,
@@ -126,8 +127,9 @@ class DeepspeedTorchDistributor(TorchDistributor):
                 :class:`TorchDistributor`.
             ray_address: With ``backend="ray"``: the cluster to join.
             options: A :class:`~sparktrain.launchplan.options.RunOptions` to start from.
-            **option_args: Run options by name (``timeout``, ``max_restarts``,
-                ``hang_timeout``, ``mlflow``, ...), as for :func:`sparktrain.launch`.
+            **option_args: Run options by name (:class:`~sparktrain.RunOptions`):
+
+                {run_options}
         """
         numGpus, nnodes = _count("numGpus", numGpus), _count("nnodes", nnodes)
         if nnodes > 1 and localMode and backend in (None, "local"):

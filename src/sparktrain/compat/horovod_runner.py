@@ -23,12 +23,12 @@ from typing import Any, Literal
 
 from typing_extensions import Unpack
 
+from sparktrain.contract import pickling
 from sparktrain.driver.launch import PreparedLaunch, prepare
 from sparktrain.errors import ConfigError
 from sparktrain.horovod.alias import run_with_alias
-from sparktrain.launchplan import pickling
 from sparktrain.launchplan.entrypoint import make_entrypoint
-from sparktrain.launchplan.options import RunOptions, RunOptionsArgs, run_options
+from sparktrain.launchplan.options import RunOptions, RunOptionsArgs, documents_options, run_options
 
 Verbosity = Literal["all", "log_callback_only"]
 
@@ -63,6 +63,7 @@ def _session(np: int) -> Any:
 class HorovodRunner:
     """Run a Horovod training function on ``np`` processes (Databricks' signature)."""
 
+    @documents_options
     def __init__(
         self,
         np: int,
@@ -87,8 +88,9 @@ class HorovodRunner:
             backend: The cluster of ``np > 0``: ``"spark"`` (the default) or ``"ray"``.
             ray_address: With ``backend="ray"``: the cluster to join.
             options: A :class:`~sparktrain.launchplan.options.RunOptions` to start from.
-            **option_args: Run options by name (``timeout``, ``max_restarts``,
-                ``hang_timeout``, ``mlflow``, ...), as for :func:`sparktrain.launch`.
+            **option_args: Run options by name (:class:`~sparktrain.RunOptions`):
+
+                {run_options}
 
         Raises:
             ConfigError: ``np`` is not an int, a bad verbosity, or the layout does not fit.

@@ -34,7 +34,8 @@ from typing import Any
 
 import cloudpickle
 
-from sparktrain.rank.env import contract_int, contract_rank
+from sparktrain.contract import env
+from sparktrain.contract.env import contract_int, contract_rank
 from sparktrain.rank.stores import contract_store
 
 _PREFIX = "sparktrain/tf_worker/"
@@ -114,7 +115,7 @@ def run_worker(payload: bytes, use_custom_strategy: bool, use_gpu: bool, on_spar
     rank, world_size = contract_rank(), contract_int("WORLD_SIZE", 1)
     reserved = reserve_port()
     try:
-        host = own_host(os.environ.get("MASTER_ADDR", "127.0.0.1"))
+        host = own_host(env.contract_master_addr("127.0.0.1"))
         workers = exchange(f"{host}:{reserved.getsockname()[1]}", rank, world_size)
         os.environ["TF_CONFIG"] = tf_config(workers, rank)
         os.environ["TF_GRPC_REUSE_PORT"] = "true"

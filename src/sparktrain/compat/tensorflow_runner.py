@@ -26,12 +26,12 @@ from typing import Any, Literal
 from typing_extensions import Unpack
 
 from sparktrain.compat.tensorflow_rank import run_worker
+from sparktrain.contract import pickling
 from sparktrain.driver.launch import PreparedLaunch, prepare
 from sparktrain.errors import ClusterConfigError, ConfigError
-from sparktrain.launchplan import pickling
 from sparktrain.launchplan.entrypoint import make_entrypoint
 from sparktrain.launchplan.front import MIRRORED_STRATEGY_RUNNER
-from sparktrain.launchplan.options import RunOptions, RunOptionsArgs, run_options
+from sparktrain.launchplan.options import RunOptions, RunOptionsArgs, documents_options, run_options
 
 _INSTALL = "pip install 'sparktrain[tensorflow]' (TensorFlow with tf-keras)"
 
@@ -44,6 +44,7 @@ def _check_bool(name: str, value: object) -> None:
 class MirroredStrategyRunner:
     """Run a TensorFlow function on ``num_slots`` workers of one MultiWorkerMirroredStrategy."""
 
+    @documents_options
     def __init__(
         self,
         num_slots: int,
@@ -72,9 +73,9 @@ class MirroredStrategyRunner:
                 addition, as for :class:`~sparktrain.TorchDistributor`.
             ray_address: With ``backend="ray"``: the cluster to join.
             options: A :class:`~sparktrain.launchplan.options.RunOptions` to start from.
-            **option_args: Run options by name (``timeout``, ``max_restarts``,
-                ``hang_timeout``, ``mlflow``, ...), as for :func:`sparktrain.launch`
-                (sparktrain's addition).
+            **option_args: Run options by name (:class:`~sparktrain.RunOptions`):
+
+                {run_options}
 
         Raises:
             ConfigError: A bad value, GPUs asked for but absent, TensorFlow missing locally.

@@ -26,7 +26,7 @@ from typing_extensions import Unpack
 from sparktrain.driver.launch import PreparedLaunch, prepare
 from sparktrain.errors import ConfigError
 from sparktrain.launchplan.front import TORCH_DISTRIBUTOR, FrontDoor
-from sparktrain.launchplan.options import RunOptions, RunOptionsArgs, run_options
+from sparktrain.launchplan.options import RunOptions, RunOptionsArgs, documents_options, run_options
 
 
 class TorchDistributor:
@@ -37,6 +37,7 @@ class TorchDistributor:
     #: The original's differences this front door keeps (its TLS-override conf).
     front_door: ClassVar[FrontDoor] = TORCH_DISTRIBUTOR
 
+    @documents_options
     def __init__(
         self,
         num_processes: int = 1,
@@ -62,10 +63,9 @@ class TorchDistributor:
             ray_address: With ``backend="ray"``: the cluster to join when this process has
                 no Ray initialised (``None``: ``RAY_ADDRESS``, else a local Ray).
             options: A :class:`~sparktrain.launchplan.options.RunOptions` to start from.
-            **option_args: Run options by name: ``timeout``, ``hang_timeout``,
-                ``max_restarts``, ``exit_grace``, ``stop_grace``, ``log_ranks``, ``return_all``,
-                ``mlflow``, ``mlflow_strict``, ``progress``, ``on_report`` (see
-                :class:`~sparktrain.launchplan.options.RunOptions`).
+            **option_args: Run options by name (:class:`~sparktrain.RunOptions`):
+
+                {run_options}
 
         Raises:
             ConfigError: A value is out of range, or the ranks do not fit; the message says

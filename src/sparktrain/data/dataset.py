@@ -10,13 +10,13 @@ at the same world size or at another (:mod:`sparktrain.data.remainder`).
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
+from sparktrain.contract import env
 from sparktrain.data import order, remainder
 from sparktrain.data import state as state_module
 from sparktrain.data.columns import check_schema
@@ -32,7 +32,7 @@ def _group() -> tuple[int, int]:
 
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
-    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    return env.contract_rank(), env.contract_world_size()
 
 
 def _positive(name: str, value: object, *, allow_none: bool = False) -> None:

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
+from sparktrain.contract.report import NodeReport
+from sparktrain.contract.spec import NodeSpec, node_spec
 from sparktrain.driver.monitor import Monitor
 from sparktrain.errors import ConfigError
 from sparktrain.launchplan.entrypoint import Entrypoint
@@ -21,8 +23,6 @@ from sparktrain.launchplan.front import LAUNCH, FrontDoor
 from sparktrain.launchplan.layout import LaunchPlan
 from sparktrain.launchplan.options import RunOptions
 from sparktrain.launchplan.topology import Topology
-from sparktrain.node.report import NodeReport
-from sparktrain.node.spec import NodeSpec, node_spec
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,10 +16,10 @@ import contextlib
 import time
 from collections.abc import Callable
 
+from sparktrain.contract.report import NodeReport
 from sparktrain.driver.backend import Nodes
 from sparktrain.driver.monitor import Monitor
 from sparktrain.errors import ClusterError
-from sparktrain.node.report import NodeReport
 
 #: After asking the nodes to stop, how long they get (beyond the stop grace) before being killed.
 CANCEL_AFTER = 15.0

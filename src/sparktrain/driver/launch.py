@@ -29,7 +29,7 @@ from sparktrain.driver.results import RunResult, finish
 from sparktrain.launchplan.entrypoint import Entrypoint, make_entrypoint
 from sparktrain.launchplan.front import LAUNCH, FrontDoor
 from sparktrain.launchplan.layout import LaunchPlan
-from sparktrain.launchplan.options import RunOptions, RunOptionsArgs, run_options
+from sparktrain.launchplan.options import RunOptions, RunOptionsArgs, documents_options, run_options
 from sparktrain.launchplan.topology import Topology
 
 
@@ -189,6 +189,7 @@ def prepare(
     return PreparedLaunch(chosen, plan, options)
 
 
+@documents_options
 def launch(
     main: Any,
     args: Sequence[Any] = (),
@@ -225,10 +226,9 @@ def launch(
             :mod:`sparktrain.data`).
         topology: The machine's resources; detected when ``None`` (tests pass their own).
         options: A :class:`~sparktrain.launchplan.options.RunOptions` to start from.
-        **option_args: Run options by name (``timeout``, ``hang_timeout``, ``max_restarts``,
-            ``exit_grace``, ``stop_grace``, ``log_ranks``, ``return_all``, ``mlflow``,
-            ``mlflow_strict``, ``progress``, ``on_report``); see
-            :class:`~sparktrain.launchplan.options.RunOptions` for each.
+        **option_args: Run options by name (:class:`~sparktrain.RunOptions`):
+
+            {run_options}
 
     Returns:
         A :class:`RunResult`; ``.value`` is rank 0's return value.

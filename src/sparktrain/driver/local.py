@@ -16,13 +16,13 @@ import shutil
 import socket
 from typing import ClassVar
 
+from sparktrain.contract.spec import Place
 from sparktrain.driver.backend import Attempt, Backend, Nodes, Polled
 from sparktrain.driver.spark_conf import driver_gpus
 from sparktrain.launchplan.layout import LaunchPlan, make_plan
 from sparktrain.launchplan.topology import Topology, detect_local
 from sparktrain.node.logs import LogSink
 from sparktrain.node.runner import NodeRun, bind_rendezvous, prepare_run_dir
-from sparktrain.node.spec import Place
 
 LOOPBACK = "127.0.0.1"
 

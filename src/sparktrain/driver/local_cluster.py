@@ -28,14 +28,14 @@ from typing import ClassVar
 import cloudpickle
 
 from sparktrain import procfs
+from sparktrain.contract.report import NodeReport
+from sparktrain.contract.spec import Place
 from sparktrain.driver.backend import Attempt, Backend, Nodes, Polled
 from sparktrain.driver.remote import RemoteNodes
 from sparktrain.errors import ClusterConfigError, ConfigError
 from sparktrain.launchplan.layout import LaunchPlan, check_count, check_use_gpu
 from sparktrain.launchplan.topology import detect_local
-from sparktrain.node.report import NodeReport
 from sparktrain.node.runner import bind_rendezvous
-from sparktrain.node.spec import Place
 
 LOOPBACK = "127.0.0.1"
 

@@ -30,13 +30,13 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal
 
+from sparktrain.contract.report import NodeReport
+from sparktrain.contract.spec import Place
 from sparktrain.driver.backend import Attempt, Backend, Nodes, Polled
 from sparktrain.driver.remote import RemoteNodes
 from sparktrain.errors import ClusterConfigError, ConfigError
 from sparktrain.launchplan.layout import ClusterFacts, LaunchPlan, make_cluster_plan
 from sparktrain.node.ray_actor import NodeActor
-from sparktrain.node.report import NodeReport
-from sparktrain.node.spec import Place
 
 #: How long the placement group may wait for its resources before the launch gives up.
 PLACEMENT_SECONDS = 60.0

@@ -1,7 +1,7 @@
 """The driver's side of nodes away from the caller (Spark tasks, Ray actors): their messages.
 
-Every remote attempt opens a :class:`~sparktrain.node.channel.ChannelServer` with a fresh secret
-and gives its address to the nodes in their :class:`~sparktrain.node.spec.NodeSpec`. While the
+Every remote attempt opens a :class:`~sparktrain.contract.channel.ChannelServer` with a fresh secret
+and gives its address to the nodes in their :class:`~sparktrain.contract.spec.NodeSpec`. While the
 nodes run, :class:`RemoteNodes` hands every message they send to a :class:`Printer`: rank-tagged
 lines are printed (``[rank 1 host] ...``), reports go to the run's monitor, and a rank's non-zero
 exit is flagged so that the follow loop stops every node. How nodes are started, killed and
@@ -15,11 +15,11 @@ import secrets
 import time
 from typing import Any
 
+from sparktrain.contract.channel import ChannelServer
+from sparktrain.contract.spec import NodeSpec
 from sparktrain.driver.backend import Attempt, Nodes
 from sparktrain.driver.monitor import Monitor
-from sparktrain.node.channel import ChannelServer
 from sparktrain.node.logs import LogSink
-from sparktrain.node.spec import NodeSpec
 
 #: After every node returned, how long to wait for log lines still in flight.
 DRAIN_SECONDS = 5.0

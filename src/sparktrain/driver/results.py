@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from sparktrain.contract.report import NodeReport
 from sparktrain.errors import (
     ClusterError,
     ConfigError,
@@ -21,7 +22,6 @@ from sparktrain.errors import (
     TrainingTimeoutError,
     is_connection_error,
 )
-from sparktrain.node.report import NodeReport
 
 _GROW_BACK = f"{GrowBack.__module__}.{GrowBack.__qualname__}"
 #: How the error of a lost node starts (the nodes' own words follow).

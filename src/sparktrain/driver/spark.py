@@ -20,6 +20,8 @@ from typing import Any, ClassVar
 
 import cloudpickle
 
+from sparktrain.contract.report import NodeReport
+from sparktrain.contract.spec import NodeSpec
 from sparktrain.driver.backend import Attempt, Backend, Nodes, Polled
 from sparktrain.driver.remote import RemoteNodes
 from sparktrain.driver.spark_conf import check_encryption
@@ -27,9 +29,7 @@ from sparktrain.driver.spark_executors import forget_hosts
 from sparktrain.errors import ClusterError, ConfigError
 from sparktrain.launchplan.front import LAUNCH, FrontDoor
 from sparktrain.launchplan.layout import ClusterFacts, LaunchPlan, make_cluster_plan
-from sparktrain.node.report import NodeReport
 from sparktrain.node.spark_task import run_node
-from sparktrain.node.spec import NodeSpec
 
 SCHEMA = "node long, report binary"
 

@@ -17,10 +17,10 @@ import logging
 import sys
 from typing import Any
 
+from sparktrain.contract import env
 from sparktrain.errors import ClusterConfigError, ConfigError
 from sparktrain.launchplan.front import FrontDoor
 from sparktrain.launchplan.topology import spark_gpus
-from sparktrain.rank import env
 
 log = logging.getLogger("sparktrain")
 

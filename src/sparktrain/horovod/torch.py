@@ -22,6 +22,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from sparktrain.contract import env
+from sparktrain.contract.env import contract_int
 from sparktrain.errors import ConfigError
 from sparktrain.horovod.builds import (
     ccl_built,
@@ -57,7 +59,6 @@ from sparktrain.horovod.collectives import (
 from sparktrain.horovod.compression import Compression
 from sparktrain.horovod.optimizer import DistributedOptimizer
 from sparktrain.horovod.unsupported import HorovodUnsupportedError, unsupported
-from sparktrain.rank.env import contract_int
 
 Average = ReduceOp.AVERAGE
 Sum = ReduceOp.SUM
@@ -130,7 +131,7 @@ def init(comm: object = None, process_sets: object = None) -> None:
         )
     if dist.is_initialized():
         return
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+    if env.launched():
         dist.init_process_group(_backend())
     else:
         store = dist.HashStore()  # type: ignore[attr-defined]

@@ -43,7 +43,7 @@ def device_for_rank(use_gpu: bool | None) -> Any:
     """
     import torch
 
-    from sparktrain.rank.env import contract_int
+    from sparktrain.contract.env import contract_int
 
     if use_gpu is False or not torch.cuda.is_available():
         if use_gpu:
@@ -228,8 +228,8 @@ def score_rank(
 
     Parts written by an earlier attempt (``max_restarts``) are skipped here too.
     """
+    from sparktrain.contract.env import contract_int
     from sparktrain.inference import files
-    from sparktrain.rank.env import contract_int
     from sparktrain.rank.reporting import report
 
     rank, world = contract_int("RANK", 0), contract_int("WORLD_SIZE", 1)

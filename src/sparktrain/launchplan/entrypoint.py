@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparktrain.contract import pickling
 from sparktrain.errors import ConfigError
-from sparktrain.launchplan import pickling
 
 
 @dataclass(frozen=True)

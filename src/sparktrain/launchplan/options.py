@@ -15,9 +15,10 @@ import dataclasses
 import difflib
 import math
 import os
+import textwrap
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any, TypedDict, TypeVar
 
 from sparktrain.errors import ConfigError
 
@@ -113,7 +114,7 @@ def _variables(name: str, value: object) -> Mapping[str, str] | None:
             f"{name}={value!r} must map variable names to string values, e.g. "
             "{'HF_HOME': '/dbfs/hf'}, or be None."
         )
-    from sparktrain.rank.env import CONTRACT_VARS
+    from sparktrain.contract.env import CONTRACT_VARS
 
     owned = sorted(set(value) & set(CONTRACT_VARS))
     if owned:
@@ -336,3 +337,43 @@ def cli_options() -> list[tuple[str, Any, str]]:
         for item in dataclasses.fields(RunOptions)
         if item.metadata["cli"] is not None
     ]
+
+
+#: Where a front door's docstring lists the run options (:func:`documents_options`).
+OPTIONS_MARK = "{run_options}"
+
+
+def options_doc(indent: str) -> str:
+    """Every run option as docstring lines: ``name`` (its default): its help, wrapped."""
+    lines = []
+    for item in dataclasses.fields(RunOptions):
+        first = f"{indent}- ``{item.name}`` (default ``{item.default!r}``): "
+        wrapped = textwrap.wrap(
+            item.metadata["help"] + ".",
+            width=100,
+            initial_indent=first,
+            subsequent_indent=indent + "  ",
+        )
+        lines.extend(wrapped)
+    return "\n".join(lines)
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def documents_options(func: _F) -> _F:
+    """Write every run option into ``func``'s docstring where it says ``{run_options}``.
+
+    The list is made from :class:`RunOptions`' fields, so a front door's documentation names
+    every option the moment one is added. The mark stands alone on its line; its indentation
+    is the list's.
+    """
+    doc = func.__doc__
+    if doc is None:  # python -OO
+        return func
+    for line in doc.splitlines():
+        if line.strip() == OPTIONS_MARK:
+            indent = line[: len(line) - len(line.lstrip())]
+            func.__doc__ = doc.replace(line, options_doc(indent))
+            return func
+    raise AssertionError(f"{func.__qualname__}'s docstring has no line {OPTIONS_MARK}")

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from sparktrain.contract import env
 from sparktrain.errors import ClusterConfigError
-from sparktrain.rank import env
 
 _GPU_ADDRESS = re.compile(r"^(0|[1-9][0-9]*)$")
 

@@ -2,5 +2,6 @@
 
 A node is the caller's process on the local backend, a Python worker running a Spark barrier
 task, or a Ray actor; each runs the same :mod:`sparktrain.node.runner`. It may import
-:mod:`sparktrain.rank` (the contract it gives ranks) but never :mod:`sparktrain.driver`.
+:mod:`sparktrain.rank` (the worker it starts) and :mod:`sparktrain.contract` (what it gives ranks
+and reports to the driver), but never :mod:`sparktrain.driver`.
 """

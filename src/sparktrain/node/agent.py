@@ -24,12 +24,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Literal
 
+from sparktrain.contract.outcome import Control, NodeOutcome, RankExit
+from sparktrain.contract.paths import stack_path, wait_path
 from sparktrain.node import stacks
 from sparktrain.node.logs import LogSink, Stream
-from sparktrain.node.outcome import Control, NodeOutcome, RankExit
 from sparktrain.node.warm import ForkServer
 from sparktrain.rank import extensions
-from sparktrain.rank.paths import stack_path, wait_path
 from sparktrain.rank.worker import RankRequest
 
 #: How long to keep reading pipes after every rank has exited (a grandchild may hold them).

@@ -18,8 +18,8 @@ import sys
 
 import cloudpickle
 
+from sparktrain.contract.report import NodeReport
 from sparktrain.node.remote import run_connected
-from sparktrain.node.report import NodeReport
 from sparktrain.node.runner import prepare_run_dir
 
 

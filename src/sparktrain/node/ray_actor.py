@@ -15,10 +15,10 @@ import os
 import shutil
 import socket
 
+from sparktrain.contract.report import NodeReport
+from sparktrain.contract.spec import NodeSpec, Place
 from sparktrain.node.remote import run_connected
-from sparktrain.node.report import NodeReport
 from sparktrain.node.runner import bind_rendezvous, prepare_run_dir
-from sparktrain.node.spec import NodeSpec, Place
 
 
 class NodeActor:

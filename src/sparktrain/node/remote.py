@@ -1,7 +1,7 @@
 """A node away from the caller (a Spark task, a Ray actor), connected to the driver.
 
 :func:`run_connected` connects back to the driver over the attempt's authenticated channel
-(:mod:`sparktrain.node.channel`), runs the node (:class:`~sparktrain.node.runner.NodeRun`) with
+(:mod:`sparktrain.contract.channel`), runs the node (:class:`~sparktrain.node.runner.NodeRun`) with
 its lines and reports sent to the driver instead of printed, tells the driver each rank's exit
 as soon as it is seen (so that the driver can stop the other nodes at the first failure), stops
 its ranks when the driver says so or the channel breaks, and returns the node's report.
@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import socket
 import time
-from pathlib import Path
 from typing import Any
 
-from sparktrain.node.channel import ChannelClient
+from sparktrain.contract.channel import ChannelClient
+from sparktrain.contract.outcome import RankExit
+from sparktrain.contract.paths import grow_path
+from sparktrain.contract.report import NodeReport
+from sparktrain.contract.spec import NodeSpec, Place
 from sparktrain.node.logs import LogSink, Stream
-from sparktrain.node.outcome import RankExit
-from sparktrain.node.report import NodeReport
-from sparktrain.node.runner import NodeRun, grow_path
-from sparktrain.node.spec import NodeSpec, Place
+from sparktrain.node.runner import NodeRun
 
 #: Seconds between the ``busy`` messages a node sends the driver (its ranks send one a second).
 BUSY_EVERY = 1.0
@@ -74,7 +74,7 @@ def run_connected(
         channel.send(
             {"kind": "hello", "node": place.node, "host": place.host, "ranks": list(ranks)}
         )
-        channel.on_grow = lambda: Path(grow_path(run_dir)).touch()
+        channel.on_grow = lambda: grow_path(run_dir).touch()
 
         def on_exit(ended: RankExit) -> None:
             channel.send({"kind": "exit", "rank": ended.rank, "code": ended.exit_code})

@@ -15,14 +15,15 @@ import socket
 import sys
 from collections.abc import Callable
 
+from sparktrain.contract import env
+from sparktrain.contract.outcome import Control, RankExit
+from sparktrain.contract.paths import grow_path, payload_path
+from sparktrain.contract.report import NodeReport, node_report
+from sparktrain.contract.spec import NodeSpec, Place
 from sparktrain.node import interfaces, warm
 from sparktrain.node.agent import NodeAgent
 from sparktrain.node.logs import LogSink
-from sparktrain.node.outcome import Control, RankExit
-from sparktrain.node.report import NodeReport, node_report
-from sparktrain.node.spec import NodeSpec, Place
-from sparktrain.rank import env, rundirs
-from sparktrain.rank.paths import payload_path
+from sparktrain.rank import rundirs
 from sparktrain.rank.worker import RankRequest
 
 
@@ -32,11 +33,6 @@ def prepare_run_dir(spec: NodeSpec, kind: str) -> str:
     if spec.payload is not None:
         payload_path(run_dir).write_bytes(spec.payload)
     return run_dir
-
-
-def grow_path(run_dir: str) -> str:
-    """The file whose presence asks this node's ranks to stop at their next checkpoint."""
-    return os.path.join(run_dir, "GROW")
 
 
 def bind_rendezvous(host: str) -> socket.socket:
@@ -89,7 +85,7 @@ def rank_requests(
             restart=spec.attempt,
             max_restarts=spec.options.max_restarts,
             target_world_size=spec.target_world_size,
-            grow_file=grow_path(run_dir) if spec.target_world_size is not None else None,
+            grow_file=str(grow_path(run_dir)) if spec.target_world_size is not None else None,
         )
         requests.append(
             RankRequest(

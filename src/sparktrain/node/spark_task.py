@@ -1,6 +1,6 @@
 """Inside one Spark barrier task: one node of a run.
 
-The driver ships a :class:`~sparktrain.node.spec.NodeSpec` in the task's closure. Task 0 binds
+The driver ships a :class:`~sparktrain.contract.spec.NodeSpec` in the task's closure. Task 0 binds
 the rendezvous port on its host and every task learns it through
 ``BarrierTaskContext.allGather``, together with any setup error, so that all tasks agree to
 start or not. Each task then runs the shared node code
@@ -20,12 +20,12 @@ from typing import Any
 
 import cloudpickle
 
+from sparktrain.contract import env
+from sparktrain.contract.report import NodeReport
+from sparktrain.contract.spec import NodeSpec, Place
 from sparktrain.launchplan.topology import spark_gpus
 from sparktrain.node.remote import run_connected
-from sparktrain.node.report import NodeReport
 from sparktrain.node.runner import bind_rendezvous, prepare_run_dir
-from sparktrain.node.spec import NodeSpec, Place
-from sparktrain.rank import env
 
 
 def _gpus(ctx: Any, spec: NodeSpec, node: int) -> tuple[str, ...]:

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparktrain.contract import env
 from sparktrain.errors import GrowBack
-from sparktrain.rank import env, reporting
+from sparktrain.rank import reporting
 
 _NAME = re.compile(r"^step-(\d{8,})$")
 _MARKER = "COMPLETE"

@@ -14,8 +14,9 @@ a lock file (``FileBaton``), which a killed builder leaves behind (:mod:`sparktr
   second (:func:`sparktrain.rank.reporting.busy`), so ``hang_timeout`` does not fire, and on a
   multi-node run the driver passes it to the other nodes, whose ranks wait in the rendezvous. A
   waiter whose builder dies removes the stale lock and builds the op itself (``_jit_compile`` is
-  run again). A lock that nobody on this host holds and that is not ours is named in one line and
-  in the run directory (:func:`sparktrain.rank.paths.wait_path`), where the hang report reads it;
+  run again). A lock that nobody on this host holds and that is not ours is named in one line
+  and in the run directory (:func:`sparktrain.contract.paths.wait_path`), where the hang report
+  reads it;
 - **hold** is progress too: a lock held for more than a second is a build, and one line says
   what is built and where it is kept; another says how long it took.
 """

@@ -114,7 +114,7 @@ def client_store(host: str, port: int, timeout: float) -> Any:
 
 def contract_store(timeout_s: float = 600) -> Any:
     """A client of the run's store (``MASTER_ADDR:MASTER_PORT`` of the rank's contract)."""
-    from sparktrain.rank.env import contract_store_address
+    from sparktrain.contract.env import contract_store_address
 
     return client_store(*contract_store_address(), timeout_s)
 

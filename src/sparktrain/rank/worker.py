@@ -35,10 +35,10 @@ from typing import Any
 import cloudpickle
 
 from sparktrain import procfs
+from sparktrain.contract.paths import error_path, payload_path, result_path, stack_path, wait_path
 from sparktrain.horovod import alias
 from sparktrain.launchplan.entrypoint import ScriptEntry
 from sparktrain.rank import extensions, imports, process_groups, reporting, stores
-from sparktrain.rank.paths import error_path, payload_path, result_path, stack_path, wait_path
 
 _stack_file: Any = None
 

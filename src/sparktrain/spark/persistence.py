@@ -54,7 +54,7 @@ def _is_connect(session: Any) -> bool:
 
 def write_objects(session: Any, path: str, value: Any, mode: str) -> None:
     """Pickle ``value`` into ``path`` as rows of at most :data:`CHUNK` bytes."""
-    from sparktrain.launchplan import pickling
+    from sparktrain.contract import pickling
 
     try:
         data = pickling.dumps(value)

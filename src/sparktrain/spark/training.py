@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparktrain.contract.env import contract_rank
 from sparktrain.inference import outputs
-from sparktrain.rank.env import contract_rank
 from sparktrain.spark import tasks
 
 #: Rows of the training data kept as the MLflow input example (the model's signature).
@@ -126,7 +126,8 @@ def _loop(job: FitJob, model: Any, device: Any) -> tuple[Any, list[dict[str, flo
     import torch
     import torch.distributed as dist
 
-    from sparktrain import report, strategies, tracking
+    from sparktrain import strategies, tracking
+    from sparktrain.rank.reporting import report
 
     dtype = _float_dtype(model)
     wrapped = strategies.prepare_model(model, job.strategy)

@@ -16,9 +16,9 @@ import logging
 from dataclasses import replace
 from typing import Any
 
+from sparktrain.contract.env import contract_int
 from sparktrain.errors import ConfigError
 from sparktrain.planner.strategies import Strategy as PlannerRow
-from sparktrain.rank.env import contract_int
 from sparktrain.strategies.base import Strategy, device, world
 from sparktrain.strategies.options import PrepareOptions
 

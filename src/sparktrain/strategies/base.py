@@ -18,11 +18,11 @@ vocabularies meet (:mod:`sparktrain.strategies.registry` collects them).
 
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
+from sparktrain.contract.env import contract_int
 from sparktrain.errors import ConfigError
 from sparktrain.planner.strategies import Strategy as PlannerRow
 from sparktrain.strategies.options import PrepareOptions
@@ -33,7 +33,7 @@ def device() -> Any:
     import torch
 
     if torch.cuda.is_available() and torch.cuda.device_count() > 0:
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return torch.device("cuda", contract_int("LOCAL_RANK", 0))
     return torch.device("cpu")
 
 

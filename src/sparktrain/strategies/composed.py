@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from sparktrain.contract.env import contract_int
 from sparktrain.errors import ConfigError
-from sparktrain.rank.env import contract_int
 from sparktrain.strategies.mesh import MeshShape, build_mesh, mesh_shape
 from sparktrain.strategies.split import check_microbatches, check_schedule
 from sparktrain.strategies.tensor_parallel import apply_tensor_parallel, check_plan

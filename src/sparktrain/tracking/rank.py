@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from sparktrain.rank import env
+from sparktrain.contract import env
 
 
 def _run() -> tuple[Any, str] | None:
@@ -32,7 +32,7 @@ def log_params(params: Mapping[str, Any], *, batch_size_per_rank: int | None = N
     client, run_id = found
     values = dict(params)
     if batch_size_per_rank is not None:
-        world = int(os.environ.get("WORLD_SIZE", "1"))
+        world = env.contract_world_size()
         values["batch_size_per_rank"] = batch_size_per_rank
         values["effective_batch_size"] = batch_size_per_rank * world
     for key, value in values.items():

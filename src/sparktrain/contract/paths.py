@@ -32,3 +32,8 @@ def stack_path(run_dir: str, rank: int) -> Path:
 def wait_path(run_dir: str, rank: int) -> Path:
     """Where ``rank`` names a build lock it waits on that no process holds (for a hang report)."""
     return Path(run_dir) / f"rank-{rank}.wait"
+
+
+def grow_path(run_dir: str) -> Path:
+    """The file whose presence asks the node's ranks to stop at their next checkpoint."""
+    return Path(run_dir) / "GROW"

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal
 
-log = logging.getLogger("sparktrain.node.channel")
+log = logging.getLogger("sparktrain.contract.channel")
 
 HANDSHAKE_TIMEOUT = 10.0
 SEND_TIMEOUT = 60.0

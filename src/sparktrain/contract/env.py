@@ -8,7 +8,9 @@ the store that sparktrain hosts on a port it already holds, so two runs never ra
 CPU ranks also get ``ACCELERATE_USE_CPU=true``, so that Accelerate (and with it the Hugging Face
 ``Trainer``) runs them as one gloo job: without it, Accelerate trains each rank alone on a machine
 without CUDA, and puts the ranks on GPUs where the run asked for CPU.
-Nothing else in sparktrain passes values through environment variables.
+Nothing else in sparktrain passes values through environment variables, and nothing else in
+sparktrain reads these: a rank asks the functions at the end of this module
+(:func:`contract_rank`, :func:`contract_int`, ...), which also give the values outside a launch.
 """
 
 from __future__ import annotations
@@ -168,6 +170,16 @@ def contract_world_size() -> int:
 def contract_int(name: str, default: int) -> int:
     """Inside a rank: the contract's integer ``name`` (``LOCAL_RANK``, ...), else ``default``."""
     return int(os.environ.get(name, "") or default)
+
+
+def launched() -> bool:
+    """Inside a process: whether a launcher gave it the contract (``RANK`` and ``WORLD_SIZE``)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def contract_master_addr(default: str) -> str:
+    """Inside a rank: the host of the run's store (``MASTER_ADDR``), else ``default``."""
+    return os.environ.get("MASTER_ADDR", default)
 
 
 def contract_store_address() -> tuple[str, int]:

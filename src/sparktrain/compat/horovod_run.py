@@ -1,4 +1,4 @@
-"""``horovod.run(func, args, kwargs, num_proc)``: every rank's value, in rank order.
+"""``horovod.run(func, args, kwargs, num_proc)``: every rank's value, in rank order (a front door).
 
 Horovod's interactive front door starts ``num_proc`` processes (``np=`` before Horovod 0.25,
 still accepted), runs ``func(*args, **kwargs)`` in each and returns the list of their return
@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sparktrain.contract import pickling
 from sparktrain.errors import ConfigError
 from sparktrain.horovod.alias import run_with_alias
-from sparktrain.launchplan import pickling
-from sparktrain.launchplan.options import NAMES
+from sparktrain.launchplan.options import NAMES, documents_options
 
 #: Horovod launcher settings with no meaning here, accepted and ignored.
 IGNORED = frozenset(
@@ -28,6 +28,7 @@ IGNORED = frozenset(
 )  # fmt: skip
 
 
+@documents_options
 def run(
     func: Any,
     args: Sequence[Any] = (),
@@ -51,8 +52,11 @@ def run(
         use_gpu: ``True``, ``False`` or ``None`` (GPUs where there are some).
         backend: ``"local"`` (Horovod's default: this machine), ``"spark"`` or ``"ray"``.
         ray_address: With ``backend="ray"``: the cluster to join.
-        **options: sparktrain's run options (``timeout``, ``max_restarts``, ...) and Horovod's
-            launcher settings (ignored where meaningless, refused where they cannot apply).
+        **options: Horovod's launcher settings (ignored where meaningless, refused where they
+            cannot apply), and sparktrain's run options by name
+            (:class:`~sparktrain.RunOptions`):
+
+            {run_options}
 
     Returns:
         ``[value of rank 0, value of rank 1, ...]``.

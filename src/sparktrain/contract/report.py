@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparktrain.contract.outcome import NodeOutcome
+from sparktrain.contract.paths import error_path, result_path
 from sparktrain.errors import RankFailure, StackSite
-from sparktrain.node.outcome import NodeOutcome
-from sparktrain.rank.paths import error_path, result_path
 
 
 def _signal_failure(

@@ -10,10 +10,13 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparktrain._version import __version__
 from sparktrain.errors import ConfigError, TrainingFailedError
+
+if TYPE_CHECKING:
+    from sparktrain.planner import Activations, MemoryPlan
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -195,54 +198,19 @@ def _plan(options: argparse.Namespace) -> str:
     """Run the planner on the parsed options; the text (or JSON) to print."""
     import json
 
-    from sparktrain.planner import Activations, advise_cluster, plan
-    from sparktrain.planner.units import parse_bytes, parse_count
+    from sparktrain.planner import advise_cluster
+    from sparktrain.planner.units import parse_count
 
     model: object = None
     if options.params is not None:
         model = parse_count(options.params, name="--params")
     else:
         model = _read_config(options.hf_config)
-    activation = None
-    if (options.seq_len is None) != (options.batch_size is None):
-        raise ConfigError(
-            f"--seq-len={options.seq_len} --batch-size={options.batch_size}: activations need "
-            "both; pass both, or neither to leave activations out."
-        )
-    if options.seq_len is not None:
-        activation = Activations(
-            seq_len=options.seq_len,
-            batch_size=options.batch_size,
-            hidden_size=options.hidden_size,
-            num_layers=options.layers,
-            num_heads=options.heads,
-            vocab_size=options.vocab_size,
-            checkpointing=options.checkpointing,
-            attention_scores=options.attention_scores,
-        )
+    activation = _activation(options)
     shown: list[str] = []
     data: dict[str, object] = {}
     if options.gpus_per_node is not None or options.gpu_memory is not None:
-        if options.gpus_per_node is None or options.gpu_memory is None:
-            raise ConfigError(
-                f"--gpus-per-node={options.gpus_per_node} --gpu-memory={options.gpu_memory}: a "
-                "plan needs both, e.g. --gpus-per-node 4 --gpu-memory 80GB."
-            )
-        result = plan(
-            model,
-            gpus_per_node=options.gpus_per_node,
-            nodes=options.nodes,
-            gpu_memory=parse_bytes(options.gpu_memory, name="--gpu-memory"),
-            precision=options.precision,
-            optimizer=options.optimizer,
-            cpu_memory=None
-            if options.cpu_memory is None
-            else parse_bytes(options.cpu_memory, name="--cpu-memory"),
-            activation=activation,
-            headroom=options.headroom,
-            microbatches=options.microbatches,
-            tied_embeddings=options.tied_embeddings,
-        )
+        result = _memory_plan(options, model, activation)
         shown.append(str(result))
         data.update(result.to_dict())
     elif not options.advise_cluster:
@@ -264,6 +232,57 @@ def _plan(options: argparse.Namespace) -> str:
         shown.append(str(advice))
         data["cluster_advice"] = advice_to_dict(advice)
     return json.dumps(data, indent=2) if options.json else "\n\n".join(shown)
+
+
+def _activation(options: argparse.Namespace) -> Activations | None:
+    """The ``Activations`` of ``--seq-len`` and ``--batch-size`` (and the shape), or ``None``."""
+    from sparktrain.planner import Activations
+
+    if (options.seq_len is None) != (options.batch_size is None):
+        raise ConfigError(
+            f"--seq-len={options.seq_len} --batch-size={options.batch_size}: activations need "
+            "both; pass both, or neither to leave activations out."
+        )
+    if options.seq_len is None:
+        return None
+    return Activations(
+        seq_len=options.seq_len,
+        batch_size=options.batch_size,
+        hidden_size=options.hidden_size,
+        num_layers=options.layers,
+        num_heads=options.heads,
+        vocab_size=options.vocab_size,
+        checkpointing=options.checkpointing,
+        attention_scores=options.attention_scores,
+    )
+
+
+def _memory_plan(
+    options: argparse.Namespace, model: object, activation: Activations | None
+) -> MemoryPlan:
+    """The ``MemoryPlan`` of ``--gpus-per-node`` and ``--gpu-memory`` (both needed)."""
+    from sparktrain.planner import plan
+    from sparktrain.planner.units import parse_bytes
+
+    if options.gpus_per_node is None or options.gpu_memory is None:
+        raise ConfigError(
+            f"--gpus-per-node={options.gpus_per_node} --gpu-memory={options.gpu_memory}: a "
+            "plan needs both, e.g. --gpus-per-node 4 --gpu-memory 80GB."
+        )
+    cpu_memory = options.cpu_memory
+    return plan(
+        model,
+        gpus_per_node=options.gpus_per_node,
+        nodes=options.nodes,
+        gpu_memory=parse_bytes(options.gpu_memory, name="--gpu-memory"),
+        precision=options.precision,
+        optimizer=options.optimizer,
+        cpu_memory=None if cpu_memory is None else parse_bytes(cpu_memory, name="--cpu-memory"),
+        activation=activation,
+        headroom=options.headroom,
+        microbatches=options.microbatches,
+        tied_embeddings=options.tied_embeddings,
+    )
 
 
 def _read_config(path: str) -> dict[str, object]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass
 from typing import Any, Generic, TypeVar, overload
 
 from typing_extensions import ParamSpec, Unpack
@@ -46,34 +47,31 @@ _SERVERLESS = {
 }
 
 
+@dataclass(eq=False, repr=False)
 class DistributedFunction(Generic[P, R]):
     """A function that runs as itself when called, and on every rank with :meth:`distributed`.
 
+    The decorator makes one (its arguments already checked).
+
     Attributes:
+        fn: The function.
         num_processes: The ranks of each :meth:`distributed` run.
         use_gpu: ``True``, ``False`` or ``None`` (GPUs where there are some).
         backend: ``"local"``, ``"spark"``, ``"ray"`` or a ``Backend``.
+        ray_address: With ``backend="ray"``: the cluster to join.
         options: The run options.
     """
 
-    def __init__(
-        self,
-        fn: Callable[P, R],
-        *,
-        num_processes: int,
-        use_gpu: bool | None,
-        backend: str | Backend,
-        ray_address: str | None,
-        options: RunOptions,
-    ) -> None:
-        """Wrap ``fn`` (the decorator does this; the arguments are already checked)."""
-        self.fn = fn
-        self.num_processes = num_processes
-        self.use_gpu = use_gpu
-        self.backend = backend
-        self.ray_address = ray_address
-        self.options = options
-        functools.update_wrapper(self, fn)
+    fn: Callable[P, R]
+    _: KW_ONLY
+    num_processes: int
+    use_gpu: bool | None
+    backend: str | Backend
+    ray_address: str | None
+    options: RunOptions
+
+    def __post_init__(self) -> None:
+        functools.update_wrapper(self, self.fn)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """Call the function itself, in this process."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypedDict
 
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -40,6 +40,16 @@ def _positive(name: str, value: object, *, allow_none: bool = False) -> None:
         return
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ConfigError(f"{name}={value!r} must be a positive whole number.")
+
+
+class _Order(TypedDict):
+    """A dataset's settings that the order of its rows depends on (a stream's and a leg's)."""
+
+    seed: int
+    shuffle: bool
+    window: int
+    batch_size: int | None
+    drop_last: bool
 
 
 class StreamingDataset(IterableDataset[Any]):
@@ -218,16 +228,19 @@ class StreamingDataset(IterableDataset[Any]):
     ) -> tuple[int, tuple[remainder.Leg, ...], remainder.Runs]:
         """What ``legs`` of ``epoch`` left, with the epoch and legs it was computed from."""
         plan = remainder.Plan(
-            rows=self.source.rows,
-            seed=self.seed,
-            epoch=epoch,
-            shuffle=self.shuffle,
-            window=self.shuffle_buffer,
-            batch_size=self.batch_size,
-            drop_last=self.drop_last,
-            uneven=self.uneven,
+            rows=self.source.rows, epoch=epoch, uneven=self.uneven, **self._order()
         )
         return epoch, legs, remainder.remaining(plan, legs)
+
+    def _order(self) -> _Order:
+        """The settings the order of the rows depends on."""
+        return {
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "window": self.shuffle_buffer,
+            "batch_size": self.batch_size,
+            "drop_last": self.drop_last,
+        }
 
     def _runs(self) -> remainder.Runs:
         """The epoch positions this epoch's earlier legs left (computed once)."""
@@ -270,18 +283,14 @@ class StreamingDataset(IterableDataset[Any]):
             source=self.source,
             columns=self.columns,
             epoch=resume.epoch,
-            seed=self.seed,
             rank=rank,
             worker=logical,
-            shuffle=self.shuffle,
             first=first,
             stop=stop,
-            window=self.shuffle_buffer,
-            batch_size=self.batch_size,
-            drop_last=self.drop_last,
             skip=skips[logical],
             runs=runs,
             leg=leg,
+            **self._order(),
         )
 
     def __iter__(self) -> Iterator[Any]:

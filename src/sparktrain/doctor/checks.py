@@ -57,18 +57,14 @@ def python_check(version: tuple[int, int, int] | None = None) -> Check:
     """The interpreter's version against the supported minimum."""
     major, minor, micro = version or sys.version_info[:3]
     text = f"{major}.{minor}.{micro}"
-    facts = {"version": text, "executable": sys.executable}
-    if (major, minor) < MIN_PYTHON:
-        need = ".".join(map(str, MIN_PYTHON))
-        return Check(
-            name="python",
-            verdict="error",
-            found=f"Python {text} is older than sparktrain supports ({need})",
-            fix=f"use Python {need} or newer (the same one on the driver and the executors)",
-            facts=facts,
-        )
-    return Check(
-        name="python", verdict="ok", found=f"Python {text} ({sys.executable})", facts=facts
+    return _at_least(
+        "python",
+        f"Python {text}",
+        (major, minor),
+        MIN_PYTHON,
+        ok=f"Python {text} ({sys.executable})",
+        fix="use Python {need} or newer (the same one on the driver and the executors)",
+        facts={"version": text, "executable": sys.executable},
     )
 
 
@@ -83,17 +79,48 @@ def torch_check() -> Check:
             fix="pip install torch (sparktrain needs torch>=2.3)",
         )
     version = str(torch.__version__)
-    facts = {"version": version}
-    if version_tuple(version)[:2] < MIN_TORCH:
-        need = ".".join(map(str, MIN_TORCH))
+    return _at_least(
+        "torch",
+        f"torch {version}",
+        version_tuple(version)[:2],
+        MIN_TORCH,
+        ok=f"torch {version}",
+        fix="pip install 'torch>={need}'",
+        facts={"version": version},
+    )
+
+
+def _at_least(
+    name: str,
+    what: str,
+    version: tuple[int, ...],
+    minimum: tuple[int, ...],
+    *,
+    ok: str,
+    fix: str,
+    facts: dict[str, object],
+) -> Check:
+    """An error when ``version`` is below ``minimum`` (``{need}`` in ``fix`` names it), else ok.
+
+    Args:
+        name: The check's name.
+        what: The thing and its version, as the error names it (``"torch 2.1.0"``).
+        version: Its version's numbers, compared with ``minimum``.
+        minimum: The oldest version sparktrain supports.
+        ok: What the ok verdict says was found.
+        fix: What to do, where ``{need}`` stands for the minimum.
+        facts: The check's facts.
+    """
+    if version < minimum:
+        need = ".".join(map(str, minimum))
         return Check(
-            name="torch",
+            name=name,
             verdict="error",
-            found=f"torch {version} is older than sparktrain supports ({need})",
-            fix=f"pip install 'torch>={need}'",
+            found=f"{what} is older than sparktrain supports ({need})",
+            fix=fix.format(need=need),
             facts=facts,
         )
-    return Check(name="torch", verdict="ok", found=f"torch {version}", facts=facts)
+    return Check(name=name, verdict="ok", found=ok, facts=facts)
 
 
 def _driver_present() -> bool:

@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from sparktrain.doctor.verdicts import Check
+from sparktrain.doctor.verdicts import Check, Finding
 
 SCHEMA = (
     "host string, python string, executable string, sparktrain string, torch string, "
@@ -88,38 +88,36 @@ def probe_verdict(rows: Sequence[dict[str, str]], *, driver_python: str | None =
     """The verdict on the rows the probe's tasks returned (one per task)."""
     driver = driver_python or ".".join(map(str, sys.version_info[:3]))
     facts: dict[str, object] = {"tasks": len(rows), "rows": [dict(r) for r in rows]}
+    return Check.judged("spark.probe", _probe_finding(rows, driver), facts)
+
+
+def _probe_finding(rows: Sequence[dict[str, str]], driver: str) -> Finding:
     broken = [
         r for r in rows if r["sparktrain"].startswith("error") or r["torch"].startswith("error")
     ]
     if broken:
         first = broken[0]
         missing = first["sparktrain"] if first["sparktrain"].startswith("error") else first["torch"]
-        return Check(
-            name="spark.probe",
-            verdict="error",
-            found=f"{len(broken)} of {len(rows)} task(s) cannot run a rank: on {first['host']}, "
+        return Finding(
+            "error",
+            f"{len(broken)} of {len(rows)} task(s) cannot run a rank: on {first['host']}, "
             f"{first['executable']} gives sparktrain/torch {missing}",
-            fix=PYTHON_FIX,
-            facts=facts,
+            PYTHON_FIX,
         )
     other = [r for r in rows if r["python"].split(".")[:2] != driver.split(".")[:2]]
     if other:
-        return Check(
-            name="spark.probe",
-            verdict="error",
-            found=f"executors run Python {other[0]['python']} ({other[0]['executable']}), the "
+        return Finding(
+            "error",
+            f"executors run Python {other[0]['python']} ({other[0]['executable']}), the "
             f"driver {driver}: functions cannot be sent between Python versions",
-            fix="use the same Python version on the driver and the executors; " + PYTHON_FIX,
-            facts=facts,
+            "use the same Python version on the driver and the executors; " + PYTHON_FIX,
         )
     hosts = sorted({r["host"] for r in rows})
     kinds = sorted({f"{r['executable']} (Python {r['python']})" for r in rows})
-    return Check(
-        name="spark.probe",
-        verdict="ok",
-        found=f"a barrier stage of {len(rows)} task(s) ran together on {', '.join(hosts)}: "
+    return Finding(
+        "ok",
+        f"a barrier stage of {len(rows)} task(s) ran together on {', '.join(hosts)}: "
         f"{'; '.join(kinds)}, sparktrain {rows[0]['sparktrain']}, torch {rows[0]['torch']}",
-        facts=facts,
     )
 
 
@@ -134,50 +132,50 @@ def network_verdict(rows: Sequence[dict[str, str]]) -> Check:
         "addresses": addresses,
         "interfaces": {r["address"]: r["interface"] for r in rows},
     }
-    if len(addresses) < 2:
-        return Check(
-            name="spark.network",
-            verdict="ok",
-            found=f"the tasks ran on one host ({', '.join(addresses)}): no traffic between hosts",
-            facts=facts,
-        )
     loopback = [r for r in rows if r["resolved"].startswith("127.") or r["resolved"] == "::1"]
+    if len(addresses) > 1 and loopback:
+        facts["loopback"] = [r["address"] for r in loopback]
+    return Check.judged("spark.network", _network_finding(rows, addresses, loopback), facts)
+
+
+def _network_finding(
+    rows: Sequence[dict[str, str]], addresses: list[str], loopback: list[dict[str, str]]
+) -> Finding:
+    if len(addresses) < 2:
+        return Finding(
+            "ok",
+            f"the tasks ran on one host ({', '.join(addresses)}): no traffic between hosts",
+        )
     if loopback:
         first = loopback[0]
-        return Check(
-            name="spark.network",
-            verdict="warning",
-            found=f"on {first['address']}, host name {first['host']} resolves to "
+        return Finding(
+            "warning",
+            f"on {first['address']}, host name {first['host']} resolves to "
             f"{first['resolved']} (loopback), and the tasks run on {len(addresses)} hosts: "
             f"launchers that let gloo pick its device (pyspark's TorchDistributor, torchrun) fail "
             f"there with 'Connection refused, remote=[{first['resolved']}]'. sparktrain's ranks "
             f"bind to the interface of the task's address ({first['interface'] or '?'}), set "
             "for them as GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME",
-            fix=f"map {first['host']} to {first['address']} on that host (/etc/hosts, or DNS), "
+            f"map {first['host']} to {first['address']} on that host (/etc/hosts, or DNS), "
             "and likewise on every host",
-            facts={**facts, "loopback": [r["address"] for r in loopback]},
         )
     unheld = [r for r in rows if not r["interface"]]
     if unheld:
         first = unheld[0]
-        return Check(
-            name="spark.network",
-            verdict="warning",
-            found=f"on {first['address']}, no network interface holds the task's address "
+        return Finding(
+            "warning",
+            f"on {first['address']}, no network interface holds the task's address "
             f"{first['address']} (NAT, a proxy?): sparktrain cannot choose gloo's and NCCL's "
             "interface there",
-            fix="name it yourself: spark.executorEnv.GLOO_SOCKET_IFNAME and "
+            "name it yourself: spark.executorEnv.GLOO_SOCKET_IFNAME and "
             "NCCL_SOCKET_IFNAME (or the launch's env=) set to the interface the hosts reach each "
             "other by",
-            facts=facts,
         )
     names = sorted({f"{r['address']} on {r['interface']}" for r in rows})
-    return Check(
-        name="spark.network",
-        verdict="ok",
-        found=f"the tasks ran on {len(addresses)} hosts, each address on an interface, which "
+    return Finding(
+        "ok",
+        f"the tasks ran on {len(addresses)} hosts, each address on an interface, which "
         f"its ranks bind gloo and NCCL to: {', '.join(names)}",
-        facts=facts,
     )
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sparktrain.doctor.verdicts import Check
+from sparktrain.doctor.verdicts import Check, Finding
 from sparktrain.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -97,75 +97,72 @@ def gpu_settings_check(session: Any, *, use_gpu: bool | None = None) -> Check:
     executor = _conf(session, "spark.executor.resource.gpu.amount")
     discovery = {k: _conf(session, k) for k in DISCOVERY_KEYS}
     facts: dict[str, object] = {"task_amount": task, "executor_amount": executor, **discovery}
-    name = "spark.gpu"
     try:
-        task_gpus = float(task or "0")
-        executor_gpus = float(executor or "0")
+        amounts = (float(task or "0"), float(executor or "0"))
     except ValueError:
-        return Check(
-            name=name,
-            verdict="error",
-            found=f"spark.task.resource.gpu.amount={task!r} / "
+        finding = Finding(
+            "error",
+            f"spark.task.resource.gpu.amount={task!r} / "
             f"spark.executor.resource.gpu.amount={executor!r}: not numbers",
-            fix="set both to whole numbers, e.g. 1 per task and the GPUs of one executor",
-            facts=facts,
+            "set both to whole numbers, e.g. 1 per task and the GPUs of one executor",
         )
+    else:
+        script = next((v for v in discovery.values() if v), None)
+        finding = _gpu_finding(amounts, task, executor, script, use_gpu)
+    return Check.judged("spark.gpu", finding, facts)
+
+
+def _gpu_finding(
+    amounts: tuple[float, float],
+    task: str | None,
+    executor: str | None,
+    script: str | None,
+    use_gpu: bool | None,
+) -> Finding:
+    """What the GPUs per task and per executor (``amounts``) mean for a launch."""
+    task_gpus, executor_gpus = amounts
     if task_gpus == 0:
         if use_gpu:
-            return Check(
-                name=name,
-                verdict="error",
-                found="GPUs asked for, but spark.task.resource.gpu.amount is unset: tasks get "
-                "no GPU",
-                fix="create the session with spark.task.resource.gpu.amount=1 and "
+            return Finding(
+                "error",
+                "GPUs asked for, but spark.task.resource.gpu.amount is unset: tasks get no GPU",
+                "create the session with spark.task.resource.gpu.amount=1 and "
                 "spark.executor.resource.gpu.amount=<GPUs per executor>, or use_gpu=False",
-                facts=facts,
             )
         unused = f" (executors declare {executor} GPUs that tasks never get)" if executor else ""
-        return Check(
-            name=name,
-            verdict="warning" if executor else "info",
-            found="no GPU scheduling: Spark ranks run on CPU, one per task" + unused,
-            fix="for GPU ranks set spark.task.resource.gpu.amount=1" if executor else "",
-            facts=facts,
+        return Finding(
+            "warning" if executor else "info",
+            "no GPU scheduling: Spark ranks run on CPU, one per task" + unused,
+            "for GPU ranks set spark.task.resource.gpu.amount=1" if executor else "",
         )
     if task_gpus != int(task_gpus):
-        return Check(
-            name=name,
-            verdict="error",
-            found=f"spark.task.resource.gpu.amount={task} shares a GPU between tasks; a rank "
-            "needs a whole GPU",
-            fix="set spark.task.resource.gpu.amount to a whole number such as 1",
-            facts=facts,
+        return Finding(
+            "error",
+            f"spark.task.resource.gpu.amount={task} shares a GPU between tasks; a rank needs a "
+            "whole GPU",
+            "set spark.task.resource.gpu.amount to a whole number such as 1",
         )
     found = f"{int(task_gpus)} GPU(s) per task, {executor or 'no'} per executor"
     if executor_gpus < task_gpus:
-        return Check(
-            name=name,
-            verdict="error",
-            found=found + ": a task asks for more GPUs than an executor has",
-            fix=f"set spark.executor.resource.gpu.amount to a multiple of {int(task_gpus)}",
-            facts=facts,
+        return Finding(
+            "error",
+            found + ": a task asks for more GPUs than an executor has",
+            f"set spark.executor.resource.gpu.amount to a multiple of {int(task_gpus)}",
         )
-    script = next((v for v in discovery.values() if v), None)
     if script is None:
-        return Check(
-            name=name,
-            verdict="warning",
-            found=found + ", but no GPU discovery script: executors may not find their GPUs",
-            fix="set spark.executor.resource.gpu.discoveryScript (Spark ships "
+        return Finding(
+            "warning",
+            found + ", but no GPU discovery script: executors may not find their GPUs",
+            "set spark.executor.resource.gpu.discoveryScript (Spark ships "
             "examples/src/main/scripts/getGpusResources.sh), unless your platform sets it",
-            facts=facts,
         )
     if executor_gpus % task_gpus:
-        return Check(
-            name=name,
-            verdict="warning",
-            found=found + f": {executor_gpus % task_gpus:g} GPU(s) per executor stay idle",
-            fix=f"make spark.executor.resource.gpu.amount a multiple of {int(task_gpus)}",
-            facts=facts,
+        return Finding(
+            "warning",
+            found + f": {executor_gpus % task_gpus:g} GPU(s) per executor stay idle",
+            f"make spark.executor.resource.gpu.amount a multiple of {int(task_gpus)}",
         )
-    return Check(name=name, verdict="ok", found=found + f", discovery {script}", facts=facts)
+    return Finding("ok", found + f", discovery {script}")
 
 
 def slots_and_launch_checks(

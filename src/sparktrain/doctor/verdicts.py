@@ -11,11 +11,19 @@ Design choices:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 Verdict = Literal["ok", "info", "warning", "error"]
 #: Verdicts from best to worst.
 VERDICTS: tuple[Verdict, ...] = ("ok", "info", "warning", "error")
+
+
+class Finding(NamedTuple):
+    """What a check found, before it is named and given its facts (see :class:`Check`)."""
+
+    verdict: Verdict
+    found: str
+    fix: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,6 +43,12 @@ class Check:
     found: str
     fix: str = ""
     facts: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def judged(cls, name: str, finding: Finding, facts: dict[str, Any]) -> Check:
+        """The check called ``name`` that found ``finding``, with ``facts``."""
+        verdict, found, fix = finding
+        return cls(name=name, verdict=verdict, found=found, fix=fix, facts=facts)
 
     def to_dict(self) -> dict[str, Any]:
         """The check as JSON-ready data."""

@@ -78,68 +78,99 @@ def run_attempts(
         name: What the caller's front door calls the number of ranks, for messages.
         on_start: Called before each attempt with its layout and number (MLflow's metric).
     """
-    log = _Rescales(monitor)
-    restarts, number, current = 0, 0, plan
-    forming: set[int] = set()  # sizes at which the ranks failed to form their group once
-
-    def shrink(why: str) -> LaunchPlan:
-        ended = time.time()
-        smaller = fit(backend, current, plan.world_size, options, name=name, why=why)
-        log.add("lost", why, current, smaller, ended)
-        return smaller
-
+    run = _Attempts(backend, plan, options, _Rescales(monitor), name)
     while True:
         if on_start is not None:
-            on_start(current, number)
+            on_start(run.current, run.number)
         try:
-            result = attempt(current, number)
-            return dataclasses.replace(result, attempts=number + 1, rescales=log.done())
+            result = attempt(run.current, run.number)
+            return dataclasses.replace(result, attempts=run.number + 1, rescales=run.log.done())
         except GrowBack:
-            ended = time.time()
-            bigger = fit(backend, current, plan.world_size, options, name=name, why="grow back")
-            if bigger.world_size != current.world_size:  # else the capacity went again: go on
-                log.add("grew", _grown(current, bigger), current, bigger, ended)
-            current = bigger
+            run.grow()
         except TrainingTimeoutError:
             raise
         except ClusterConfigError as error:
             # After a rescale, the capacity went again between the sizing and the start.
-            if not (options.elastic and log.entries) or len(log.entries) >= options.max_rescales:
+            entries = run.log.entries
+            if not (options.elastic and entries) or len(entries) >= options.max_rescales:
                 raise
-            current = shrink(_first(error))
+            run.shrink(_first(error))
         except (TrainingFailedError, ClusterError) as error:
-            if isinstance(error, TrainingFailedError) and repeated_setup_fault(
-                error, current.world_size, forming
-            ):
-                error.attempts = number + 1
+            if not run.recover(error):
+                raise
+        run.number += 1
+
+
+@dataclasses.dataclass
+class _Attempts:
+    """One run's attempts so far: the layout of the next, the restarts used, the rescales."""
+
+    backend: Backend
+    plan: LaunchPlan
+    options: RunOptions
+    log: _Rescales
+    name: str
+    number: int = 0
+    restarts: int = 0
+    forming: set[int] = dataclasses.field(default_factory=set)  # sizes that failed to form once
+    current: LaunchPlan = dataclasses.field(init=False)  # the next attempt's layout
+
+    def __post_init__(self) -> None:
+        self.current = self.plan
+
+    def shrink(self, why: str) -> None:
+        """Go on with as many ranks as fit now, after a loss."""
+        ended = time.time()
+        smaller = fit(
+            self.backend, self.current, self.plan.world_size, self.options, name=self.name, why=why
+        )
+        self.log.add("lost", why, self.current, smaller, ended)
+        self.current = smaller
+
+    def grow(self) -> None:
+        """Go on with as many ranks as fit now, up to the full size, after a grow-back stop."""
+        ended = time.time()
+        current, target = self.current, self.plan.world_size
+        bigger = fit(self.backend, current, target, self.options, name=self.name, why="grow back")
+        if bigger.world_size != current.world_size:  # else the capacity went again: go on
+            self.log.add("grew", _grown(current, bigger), current, bigger, ended)
+        self.current = bigger
+
+    def recover(self, error: TrainingFailedError | ClusterError) -> bool:
+        """Shrink or restart after ``error``; ``False`` when it ends the run (say why first)."""
+        options, monitor, size = self.options, self.log.monitor, self.current.world_size
+        if isinstance(error, TrainingFailedError) and repeated_setup_fault(
+            error, size, self.forming
+        ):
+            error.attempts = self.number + 1
+            _say(
+                "sparktrain: the ranks failed to connect while their process group formed, "
+                f"twice at {size} rank(s) with every node there: that is the network's set-up, "
+                "not a lost node; not restarting or rescaling",
+                monitor,
+            )
+            return False
+        lost = options.elastic and error.cause == "infrastructure"
+        if lost and len(self.log.entries) < options.max_rescales:
+            self.shrink(_loss(error))
+        elif self.restarts < options.max_restarts:
+            self.restarts += 1
+            _say(
+                f"sparktrain: {_first(error)}; restarting every rank "
+                f"(attempt {self.restarts + 1} of {options.max_restarts + 1})",
+                monitor,
+            )
+        else:
+            if isinstance(error, TrainingFailedError):
+                error.attempts = self.number + 1
+            if lost:
                 _say(
-                    "sparktrain: the ranks failed to connect while their process group formed, "
-                    f"twice at {current.world_size} rank(s) with every node there: that is the "
-                    "network's set-up, not a lost node; not restarting or rescaling",
+                    f"sparktrain: elastic: not going on: the run already changed size "
+                    f"{len(self.log.entries)} time(s), max_rescales={options.max_rescales}",
                     monitor,
                 )
-                raise
-            lost = options.elastic and error.cause == "infrastructure"
-            if lost and len(log.entries) < options.max_rescales:
-                current = shrink(_loss(error))
-            elif restarts < options.max_restarts:
-                restarts += 1
-                _say(
-                    f"sparktrain: {_first(error)}; restarting every rank "
-                    f"(attempt {restarts + 1} of {options.max_restarts + 1})",
-                    monitor,
-                )
-            else:
-                if isinstance(error, TrainingFailedError):
-                    error.attempts = number + 1
-                if lost:
-                    _say(
-                        f"sparktrain: elastic: not going on: the run already changed size "
-                        f"{len(log.entries)} time(s), max_rescales={options.max_rescales}",
-                        monitor,
-                    )
-                raise
-        number += 1
+            return False
+        return True
 
 
 def repeated_setup_fault(error: TrainingFailedError, size: int, seen: set[int]) -> bool:

@@ -18,6 +18,7 @@ alias. A rank that never imports ``horovod`` pays nothing.
 
 from __future__ import annotations
 
+import abc
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -31,8 +32,8 @@ import cloudpickle
 PROVIDED = ("horovod", "horovod.torch")
 
 
-class _OtherHorovodModules(importlib.abc.MetaPathFinder):
-    """Turn an import of a ``horovod.*`` module we do not provide into a clear error."""
+class _ByName(importlib.abc.MetaPathFinder):
+    """A finder that decides by the module's name alone (the path and the target do not count)."""
 
     def find_spec(
         self,
@@ -40,6 +41,19 @@ class _OtherHorovodModules(importlib.abc.MetaPathFinder):
         path: Sequence[str] | None,
         target: ModuleType | None = None,
     ) -> importlib.machinery.ModuleSpec | None:
+        """The spec of ``fullname`` from :meth:`spec`."""
+        return self.spec(fullname)
+
+    @abc.abstractmethod
+    def spec(self, fullname: str) -> importlib.machinery.ModuleSpec | None:
+        """A spec for ``fullname``, or ``None`` to let the next finder look."""
+
+
+class _OtherHorovodModules(_ByName):
+    """Turn an import of a ``horovod.*`` module we do not provide into a clear error."""
+
+    def spec(self, fullname: str) -> importlib.machinery.ModuleSpec | None:
+        """Raise ``ModuleNotFoundError`` for a ``horovod.*`` module while the alias is in use."""
         if not fullname.startswith("horovod.") or not is_installed():
             return None
         raise ModuleNotFoundError(
@@ -111,15 +125,10 @@ def _alias(quiet: bool) -> ModuleType:
     return sparktrain.horovod
 
 
-class AliasWhenAbsent(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+class AliasWhenAbsent(_ByName, importlib.abc.Loader):
     """Last on ``sys.meta_path``: ``import horovod`` gives the alias when nothing else found it."""
 
-    def find_spec(
-        self,
-        fullname: str,
-        path: Sequence[str] | None,
-        target: ModuleType | None = None,
-    ) -> importlib.machinery.ModuleSpec | None:
+    def spec(self, fullname: str) -> importlib.machinery.ModuleSpec | None:
         """A spec for ``horovod`` (every finder before this one missed it), else ``None``."""
         if fullname != "horovod" or _probing:
             return None

@@ -20,7 +20,8 @@ from typing import Any
 from sparktrain.data.sources import Source
 from sparktrain.errors import ConfigError
 from sparktrain.inference import files, reading
-from sparktrain.inference.planning import as_source, make_plan, positive
+from sparktrain.inference.parts import ScoringPlan
+from sparktrain.inference.planning import ScoringArgs, as_source, make_plan, positive
 
 
 @dataclass(frozen=True)
@@ -105,16 +106,10 @@ def score(
             scoring. Errors in the ranks (a null, a row of the wrong length, a file that cannot
             be read) name the file and the row.
     """
-    from sparktrain.driver.launch import launch
-
     started = time.monotonic()
-    target = os.fspath(output)
-    if "://" not in target and not target.startswith("dbfs:/"):
-        target = os.path.abspath(os.path.expanduser(target))  # the ranks' working folder differs
+    target = _output_path(output)
     source = as_source(data, storage_options)
-    plan = make_plan(
-        source,
-        model,
+    args = ScoringArgs(
         input_cols=input_cols,
         keep_cols=keep_cols,
         output_col=output_col,
@@ -125,42 +120,22 @@ def score(
         use_gpu=use_gpu,
         autocast=autocast,
     )
+    plan = make_plan(source, model, args)
     _check_apart(source, target)
     files.check_format(format, plan.output_schema())
     done, finished = files.prepare(
         target, plan.fingerprint(), fmt=format, overwrite=overwrite, storage_options=storage_options
     )
     todo = tuple(p.index for p in plan.parts if p.index not in done)
-    if num_processes is None:
-        if backend != "local":
-            raise ConfigError(f"backend={backend!r}: give num_processes, the number of ranks.")
-        num_processes = max(1, min(os.cpu_count() or 1, len(todo)))
-    positive("num_processes", num_processes)
-    if backend != "local" and "://" not in target:
-        print(
-            f"sparktrain.score: output={target!r} is a local path; with backend={backend!r} "
-            "every rank writes to its own machine's disk, so on a cluster it must be a shared "
-            "mount (or pass a URL: s3://, abfss://, dbfs:/ ...)",
-            file=sys.stderr,
-            flush=True,
-        )
-    print(
-        f"sparktrain.score: {len(plan.parts)} parts ({source.rows:,} rows) of {source.name} "
-        f"-> {target}, read from the files by {num_processes} rank(s) on {backend}"
-        + (f"; {len(done)} part(s) already written, not scored again" if done else ""),
-        file=sys.stderr,
-        flush=True,
+    ranks = _ranks(num_processes, backend, target, len(todo))
+    _say(
+        f"{len(plan.parts)} parts ({source.rows:,} rows) of {source.name} -> {target}, read from "
+        f"the files by {ranks} rank(s) on {backend}"
+        + (f"; {len(done)} part(s) already written, not scored again" if done else "")
     )
     peak = 0
     if todo and not finished:
-        run = launch(
-            reading.score_rank,
-            args=(plan, target, todo, storage_options),
-            num_processes=min(num_processes, len(todo)),
-            backend=backend,
-            **{**run_options, "return_all": True},
-        )
-        peak = max((value[1] for value in run.return_values.values() if value), default=0)
+        peak = _run_ranks(plan, target, todo, storage_options, ranks, backend, run_options)
     if finished:
         rows = sum(_rows_in(target, storage_options))
     else:
@@ -170,6 +145,62 @@ def score(
         )  # fmt: skip
     seconds = time.monotonic() - started
     return ScoreResult(target, len(plan.parts), rows, len(todo), seconds, peak)
+
+
+def _output_path(output: str | os.PathLike[str]) -> str:
+    """``output`` as the ranks must see it: a URL as it is, a local path made absolute."""
+    target = os.fspath(output)
+    if "://" not in target and not target.startswith("dbfs:/"):
+        target = os.path.abspath(os.path.expanduser(target))  # the ranks' working folder differs
+    return target
+
+
+def _say(line: str) -> None:
+    print(f"sparktrain.score: {line}", file=sys.stderr, flush=True)
+
+
+def _ranks(num_processes: int | None, backend: str, target: str, parts: int) -> int:
+    """The ranks to start (by default this machine's CPUs, at most one per part to score).
+
+    Says on stderr when a cluster's ranks would write a local path.
+
+    Raises:
+        ConfigError: ``num_processes`` is missing for a cluster, or not a positive number.
+    """
+    if num_processes is None:
+        if backend != "local":
+            raise ConfigError(f"backend={backend!r}: give num_processes, the number of ranks.")
+        num_processes = max(1, min(os.cpu_count() or 1, parts))
+    positive("num_processes", num_processes)
+    if backend != "local" and "://" not in target:
+        _say(
+            f"output={target!r} is a local path; with backend={backend!r} every rank writes to "
+            "its own machine's disk, so on a cluster it must be a shared mount (or pass a URL: "
+            "s3://, abfss://, dbfs:/ ...)"
+        )
+    return num_processes
+
+
+def _run_ranks(  # noqa: PLR0917 - one private caller: score()
+    plan: ScoringPlan,
+    target: str,
+    todo: tuple[int, ...],
+    storage_options: Mapping[str, Any] | None,
+    ranks: int,
+    backend: str,
+    run_options: Mapping[str, Any],
+) -> int:
+    """Score the parts ``todo`` on ``ranks`` ranks; the largest peak memory of a rank, in bytes."""
+    from sparktrain.driver.launch import launch
+
+    run = launch(
+        reading.score_rank,
+        args=(plan, target, todo, storage_options),
+        num_processes=min(ranks, len(todo)),
+        backend=backend,
+        **{**run_options, "return_all": True},
+    )
+    return max((value[1] for value in run.return_values.values() if value), default=0)
 
 
 def _check_apart(source: Source, output: str) -> None:

@@ -246,6 +246,11 @@ def forward(model: Any, calls: Iterator[Call], device: Any, autocast: str | None
             yield model(*args, **kwargs)
 
 
+def run_model(model: Any, call: Call, rows: int, device: Any, autocast: str | None) -> Any:
+    """The model's output for ``call``, run ``rows`` rows at a time and put back together."""
+    return concat(list(forward(model, split(call, rows), device, autocast)))
+
+
 def prefetched(source: Iterator[Any]) -> Iterator[Any]:
     """``source``'s items, read one ahead by a thread (module doc)."""
     slot: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=1)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sparktrain.data.sources import Source
@@ -90,19 +91,30 @@ def _sample_rows(
     return next(read_unit(source, source.units[0], inputs, chunk=2))
 
 
+@dataclass(frozen=True, kw_only=True)
+class ScoringArgs:
+    """The arguments of ``score`` and ``predict`` that shape a plan, as the caller gave them.
+
+    :func:`make_plan` checks them; the meaning of each is in
+    :func:`sparktrain.inference.score`'s docstring.
+    """
+
+    input_cols: str | Sequence[str]
+    keep_cols: str | Sequence[str] | None = None
+    output_col: str = "prediction"
+    preprocess: Callable[[Any], Any] | None = None
+    batch_size: int = 1024
+    batch_tokens: int | None = None
+    rows_per_part: int | None = None
+    use_gpu: bool | None = None
+    autocast: str | None = None
+
+
 def make_plan(
     source: Source,
     model: Any,
+    args: ScoringArgs,
     *,
-    input_cols: str | Sequence[str],
-    keep_cols: str | Sequence[str] | None = None,
-    output_col: str = "prediction",
-    preprocess: Callable[[Any], Any] | None = None,
-    batch_size: int = 1024,
-    batch_tokens: int | None = None,
-    rows_per_part: int | None = None,
-    use_gpu: bool | None = None,
-    autocast: str | None = None,
     row_filter: tuple[Any, str, tuple[str, ...]] | None = None,
 ) -> ScoringPlan:
     """Check every argument and make the plan (the model runs once, here, on the first rows).
@@ -111,10 +123,52 @@ def make_plan(
         ConfigError: A bad argument, a missing column, or a model or ``preprocess`` that fails
             on the first rows.
     """
-    inputs = _names(input_cols, "input_cols")
-    keep = _names(keep_cols, "keep_cols", empty=True)
+    inputs, keep, batch_size, batch_tokens, rows_per_part = _checked(source, args)
+    loaded = load_model(model)
+    first = _sample_rows(source, inputs, row_filter)
+    sample = run_sample(loaded, first, inputs, preprocess=args.preprocess, autocast=args.autocast)
+    spec = outputs.describe(sample, first.num_rows)
+    key, payload = model_payload(loaded)
+    hook = model_payload(args.preprocess)[1] if args.preprocess is not None else None
+    expression, text, columns = row_filter or (None, "", ())
+    return ScoringPlan(
+        source=source,
+        parts=plan_parts(source, rows_per_part),
+        inputs=inputs,
+        keep=keep,
+        output_col=args.output_col,
+        spec=spec,
+        model_key=key,
+        model_id=model_identity(loaded, payload),
+        model=payload,
+        preprocess=hook,
+        batch_size=batch_size,
+        batch_tokens=batch_tokens,
+        use_gpu=args.use_gpu,
+        autocast=args.autocast,
+        row_filter=expression,
+        filter_text=text,
+        filter_columns=tuple(columns),
+    )
+
+
+def _checked(
+    source: Source, args: ScoringArgs
+) -> tuple[tuple[str, ...], tuple[str, ...], int, int | None, int]:
+    """``args`` checked: the columns named, and the numbers positive.
+
+    Returns:
+        The input and kept columns, ``batch_size``, ``batch_tokens`` and ``rows_per_part`` (its
+        default filled in).
+
+    Raises:
+        ConfigError: A bad argument, named with what to pass.
+    """
+    inputs = _names(args.input_cols, "input_cols")
+    keep = _names(args.keep_cols, "keep_cols", empty=True)
     check_columns(source, inputs, "input_cols")
     check_columns(source, keep, "keep_cols")
+    output_col, autocast, use_gpu = args.output_col, args.autocast, args.use_gpu
     if not isinstance(output_col, str) or not output_col or output_col in keep:
         raise ConfigError(
             f"output_col={output_col!r} must be a column name other than the kept columns {keep}."
@@ -123,36 +177,12 @@ def make_plan(
         raise ConfigError(f"autocast={autocast!r} must be None, 'bf16' or 'fp16'.")
     if use_gpu is not None and not isinstance(use_gpu, bool):
         raise ConfigError(f"use_gpu={use_gpu!r} must be True, False or None (the rank's GPU).")
-    if preprocess is not None and not callable(preprocess):
-        raise ConfigError(f"preprocess={preprocess!r} must be a function of an Arrow table.")
-    batch_size = positive("batch_size", batch_size)
-    batch_tokens = positive("batch_tokens", batch_tokens, optional=True)
-    rows_per_part = positive("rows_per_part", rows_per_part or PART_ROWS)
-    loaded = load_model(model)
-    first = _sample_rows(source, inputs, row_filter)
-    spec = outputs.describe(
-        run_sample(loaded, first, inputs, preprocess=preprocess, autocast=autocast),
-        first.num_rows,
-    )
-    key, payload = model_payload(loaded)
-    hook = model_payload(preprocess)[1] if preprocess is not None else None
-    expression, text, columns = row_filter or (None, "", ())
-    return ScoringPlan(
-        source=source,
-        parts=plan_parts(source, rows_per_part),
-        inputs=inputs,
-        keep=keep,
-        output_col=output_col,
-        spec=spec,
-        model_key=key,
-        model_id=model_identity(loaded, payload),
-        model=payload,
-        preprocess=hook,
-        batch_size=batch_size,
-        batch_tokens=batch_tokens,
-        use_gpu=use_gpu,
-        autocast=autocast,
-        row_filter=expression,
-        filter_text=text,
-        filter_columns=tuple(columns),
+    if args.preprocess is not None and not callable(args.preprocess):
+        raise ConfigError(f"preprocess={args.preprocess!r} must be a function of an Arrow table.")
+    return (
+        inputs,
+        keep,
+        positive("batch_size", args.batch_size),
+        positive("batch_tokens", args.batch_tokens, optional=True),
+        positive("rows_per_part", args.rows_per_part or PART_ROWS),
     )

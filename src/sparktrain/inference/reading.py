@@ -22,13 +22,11 @@ from sparktrain.inference.batches import (
     Call,
     Where,
     add_note,
-    concat,
     float_dtype,
-    forward,
     input_tensors,
     loaded_model,
     prefetched,
-    split,
+    run_model,
 )
 from sparktrain.inference.parts import PART_ROWS, Part, ScoringPlan
 
@@ -182,9 +180,9 @@ def score_part(plan: ScoringPlan, part: Part, device: Any) -> Iterator[Any]:
     schema = plan.output_schema()
     with torch.inference_mode():
         for kept, call, where, rows in prefetched(_chunks(plan, part, float_dtype(model), hook)):
-            calls = split(call, _rows_per_call(call, plan))
+            per_call = _rows_per_call(call, plan)
             try:
-                output = concat(list(forward(model, calls, device, plan.autocast)))
+                output = run_model(model, call, per_call, device, plan.autocast)
             except Exception as exc:
                 add_note(exc, f"sparktrain: in the model's forward pass, from {where.row(0)}")
                 raise

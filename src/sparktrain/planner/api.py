@@ -16,18 +16,14 @@ from typing import Any
 
 from sparktrain.errors import ConfigError
 from sparktrain.planner.activations import ActivationEstimate, Activations, estimate_activations
+from sparktrain.planner.assumptions import assumptions
 from sparktrain.planner.bytemodel import ByteModel, Optimizer, Precision, byte_model
 from sparktrain.planner.mesh import MeshEstimate, MeshShapeSpec, plan_meshes
 from sparktrain.planner.model import ModelSize, model_size
 from sparktrain.planner.recommend import StrategyEstimate, assess, recommend
-from sparktrain.planner.strategies import (
-    STRATEGIES,
-    Strategy,
-    check_strategy,
-    formula,
-    strategy_memory,
-)
-from sparktrain.planner.units import format_bytes, format_count, parse_bytes
+from sparktrain.planner.shape import activation_shape, check_count, mesh_spec
+from sparktrain.planner.strategies import STRATEGIES, Strategy, check_strategy, strategy_memory
+from sparktrain.planner.units import parse_bytes
 
 DEFAULT_HEADROOM = 0.2
 
@@ -177,7 +173,7 @@ def plan(
             "or params=... (e.g. params='13B'), not both or neither."
         )
     size = model_size(model_or_param_count if params is None else params)
-    activation = _shape(
+    activation = activation_shape(
         activation,
         layers=layers,
         hidden=hidden,
@@ -186,58 +182,63 @@ def plan(
         micro_batch=micro_batch,
     )
     bytes_model = byte_model(precision, optimizer)
-    gpus_per_node = _check_count("gpus_per_node", gpus_per_node)
-    nodes = _check_count("nodes", nodes)
+    gpus_per_node = check_count("gpus_per_node", gpus_per_node)
+    nodes = check_count("nodes", nodes)
     gpu_bytes = parse_bytes(gpu_memory, name="gpu_memory")
     cpu_bytes = None if cpu_memory is None else parse_bytes(cpu_memory, name="cpu_memory")
     headroom = _check_headroom(headroom)
-    if activation is not None and not isinstance(activation, Activations):
+    acts, spec = _activations(activation, size, precision, microbatches, tied_embeddings)
+    return _planned(
+        size,
+        bytes_model,
+        acts,
+        spec,
+        gpus_per_node=gpus_per_node,
+        nodes=nodes,
+        gpu_memory=gpu_bytes,
+        cpu_memory=cpu_bytes,
+        headroom=headroom,
+    )
+
+
+def _activations(
+    activation: object,
+    size: ModelSize,
+    precision: Precision,
+    microbatches: int | None,
+    tied_embeddings: bool,
+) -> tuple[ActivationEstimate | None, MeshShapeSpec | None]:
+    """The activation estimate and the meshes' spec (both ``None`` without activations)."""
+    if activation is None:
+        return None, None
+    if not isinstance(activation, Activations):
         raise ConfigError(
             f"activation={activation!r} must be an Activations(seq_len=..., batch_size=...) or "
             "None."
         )
-    acts = None if activation is None else estimate_activations(activation, size, precision)
-    estimates = tuple(
-        assess(
-            strategy_memory(
-                strategy,
-                size=size,
-                bytes_model=bytes_model,
-                gpus_per_node=gpus_per_node,
-                nodes=nodes,
-                activations=acts.bytes if acts else 0,
-            ),
-            gpu_memory=gpu_bytes,
-            cpu_memory=cpu_bytes,
-            headroom=headroom,
-        )
-        for strategy in STRATEGIES
-    )
+    acts = estimate_activations(activation, size, precision)
+    return acts, mesh_spec(size, activation, precision, microbatches, tied_embeddings)
+
+
+def _planned(
+    size: ModelSize,
+    bytes_model: ByteModel,
+    acts: ActivationEstimate | None,
+    spec: MeshShapeSpec | None,
+    *,
+    gpus_per_node: int,
+    nodes: int,
+    gpu_memory: int,
+    cpu_memory: int | None,
+    headroom: float,
+) -> MemoryPlan:
+    """The plan of checked values: every strategy judged, one recommended, and the meshes."""
+    cluster = _Cluster(gpus_per_node, nodes, gpu_memory, cpu_memory, headroom)
+    estimates = _estimates(size, bytes_model, cluster, acts)
     recommended, reasons = recommend(
-        estimates, gpu_memory=gpu_bytes, cpu_memory=cpu_bytes, headroom=headroom
+        estimates, gpu_memory=gpu_memory, cpu_memory=cpu_memory, headroom=headroom
     )
-    meshes: tuple[MeshEstimate, ...] = ()
-    chosen_mesh: MeshEstimate | None = None
-    mesh_reasons: tuple[str, ...] = ()
-    if activation is not None:
-        spec = _mesh_spec(size, activation, precision, microbatches, tied_embeddings)
-        meshes, chosen_mesh, mesh_reasons = plan_meshes(
-            spec,
-            bytes_model,
-            gpus_per_node=gpus_per_node,
-            nodes=nodes,
-            gpu_memory=gpu_bytes,
-            headroom=headroom,
-        )
-    assumptions = _assumptions(size, bytes_model, gpus_per_node * nodes, acts, headroom)
-    if meshes:
-        assumptions += (
-            "meshes: stages cut where parameters are most even; tp splits layer projections "
-            "(not norms) and the embedding, the head stays whole; FSDP gathers one layer; "
-            "activations s*b*h*(10 + 24/t) per layer (Korthikanti et al. 2022, table 2), "
-            "min(m, pp - i) micro-batches in flight on stage i under 1F1B, "
-            f"m = {microbatches or '4*pp'} micro-batches a step",
-        )
+    meshes, chosen_mesh, mesh_reasons = _meshes(spec, bytes_model, cluster)
     return MemoryPlan(
         meshes=meshes,
         recommended_mesh=chosen_mesh,
@@ -246,84 +247,72 @@ def plan(
         bytes_model=bytes_model,
         gpus_per_node=gpus_per_node,
         nodes=nodes,
-        gpu_memory=gpu_bytes,
-        cpu_memory=cpu_bytes,
+        gpu_memory=gpu_memory,
+        cpu_memory=cpu_memory,
         headroom=headroom,
         activations=acts,
         estimates=estimates,
         recommended=recommended,
         reasons=reasons,
-        assumptions=assumptions,
+        assumptions=assumptions(
+            size,
+            bytes_model,
+            gpus_per_node * nodes,
+            acts,
+            headroom,
+            meshes=meshes,
+            microbatches=spec.microbatches if spec else None,
+        ),
     )
 
 
-def _shape(
-    activation: Activations | None,
-    *,
-    layers: int | None,
-    hidden: int | None,
-    vocab: int | None,
-    seq_len: int | None,
-    micro_batch: int | None,
-) -> Activations | None:
-    given = dict(
-        layers=layers, hidden=hidden, vocab=vocab, seq_len=seq_len, micro_batch=micro_batch
-    )
-    named = {k: v for k, v in given.items() if v is not None}
-    if not named:
-        return activation
-    if activation is not None:
-        raise ConfigError(
-            f"plan() got activation=... and {', '.join(named)}: give the shape one way."
+@dataclass(frozen=True)
+class _Cluster:
+    """The cluster :func:`plan` was given, checked (memories in bytes)."""
+
+    gpus_per_node: int
+    nodes: int
+    gpu_memory: int
+    cpu_memory: int | None
+    headroom: float
+
+
+def _estimates(
+    size: ModelSize, bytes_model: ByteModel, cluster: _Cluster, acts: ActivationEstimate | None
+) -> tuple[StrategyEstimate, ...]:
+    """Every strategy's memory on ``cluster``, judged, in order of preference."""
+    return tuple(
+        assess(
+            strategy_memory(
+                strategy,
+                size=size,
+                bytes_model=bytes_model,
+                gpus_per_node=cluster.gpus_per_node,
+                nodes=cluster.nodes,
+                activations=acts.bytes if acts else 0,
+            ),
+            gpu_memory=cluster.gpu_memory,
+            cpu_memory=cluster.cpu_memory,
+            headroom=cluster.headroom,
         )
-    if seq_len is None or micro_batch is None:
-        raise ConfigError(
-            f"plan({', '.join(f'{k}={v}' for k, v in named.items())}) needs seq_len and "
-            "micro_batch as well (tokens per sequence, sequences per GPU per micro-batch), e.g. "
-            "seq_len=4096, micro_batch=1."
-        )
-    return Activations(
-        seq_len=seq_len,
-        batch_size=micro_batch,
-        hidden_size=hidden,
-        num_layers=layers,
-        vocab_size=vocab,
+        for strategy in STRATEGIES
     )
 
 
-def _mesh_spec(
-    size: ModelSize,
-    act: Activations,
-    precision: Precision,
-    microbatches: int | None,
-    tied: bool,
-) -> MeshShapeSpec:
-    if microbatches is not None:
-        _check_count("microbatches", microbatches)
-    layers = act.num_layers or size.num_layers
-    hidden = act.hidden_size or size.hidden_size
-    assert layers is not None and hidden is not None  # estimate_activations checked them
-    return MeshShapeSpec(
-        params=size.params,
-        trainable_params=size.trainable_params,
-        layers=layers,
-        hidden=hidden,
-        heads=act.num_heads or size.num_heads or 1,
-        vocab=act.vocab_size or size.vocab_size or 0,
-        tied=tied,
-        seq_len=act.seq_len,
-        micro_batch=act.batch_size,
-        microbatches=microbatches,
-        width=2 if precision == "fp32" else 1,
-        checkpointing=act.checkpointing,
-        attention_scores=act.attention_scores,
+def _meshes(
+    spec: MeshShapeSpec | None, bytes_model: ByteModel, cluster: _Cluster
+) -> tuple[tuple[MeshEstimate, ...], MeshEstimate | None, tuple[str, ...]]:
+    """The meshes, the one to use and why (none without the activations' ``spec``)."""
+    if spec is None:
+        return (), None, ()
+    return plan_meshes(
+        spec,
+        bytes_model,
+        gpus_per_node=cluster.gpus_per_node,
+        nodes=cluster.nodes,
+        gpu_memory=cluster.gpu_memory,
+        headroom=cluster.headroom,
     )
-
-
-def _check_count(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name}={value!r} must be a positive int, e.g. {name}=4.")
-    return value
 
 
 def _check_headroom(value: object) -> float:
@@ -338,52 +327,3 @@ def _check_headroom(value: object) -> float:
             "20 % of each GPU free."
         )
     return float(value)
-
-
-def _assumptions(
-    size: ModelSize,
-    bytes_model: ByteModel,
-    world_size: int,
-    acts: ActivationEstimate | None,
-    headroom: float,
-) -> tuple[str, ...]:
-    lines = [f"model: {size.source}"]
-    if size.trainable_params != size.params:
-        lines.append(
-            f"trainable: {format_count(size.trainable_params)} of {format_count(size.params)} "
-            "parameters; gradients and optimizer states count only those"
-        )
-    lines.append(
-        f"bytes per parameter ({bytes_model.precision}, {bytes_model.optimizer}): "
-        f"{bytes_model.describe()}"
-    )
-    gpu_only = ", ".join(f"{s} {formula(s, bytes_model)}" for s in STRATEGIES[:4])
-    offload = "; ".join(f"{s} {formula(s, bytes_model)}" for s in STRATEGIES[4:])
-    lines.append(
-        f"per GPU, Psi = {format_count(size.params)} parameters, N = {world_size} GPUs (ZeRO "
-        f"paper, Rajbhandari et al. 2020, section 5): {gpu_only}"
-    )
-    lines.append(f"offload (DeepSpeed ZeRO-Offload estimators): {offload}")
-    if size.largest_layer_params:
-        p_g = bytes_model.param_bytes + bytes_model.grad_bytes
-        largest = size.largest_layer_params
-        lines.append(
-            f"ZeRO-3 gathers one module at a time: {p_g} bytes x {format_count(largest)} "
-            f"parameters of the largest = {format_bytes(p_g * largest)}"
-        )
-    else:
-        lines.append("ZeRO-3's gathered module is not counted (a bare count gives no modules)")
-    if acts is None:
-        lines.append(
-            "activations are not counted (pass activation=Activations(seq_len=..., "
-            "batch_size=...)); the headroom has to hold them"
-        )
-    else:
-        lines.append(acts.formula)
-    lines.append(
-        f"headroom: {headroom:.0%} of each GPU's (and node's CPU) memory kept free for the CUDA "
-        "context, allocator fragmentation and communication buckets (DDP's can add up to "
-        "another g Psi unless gradient_as_bucket_view=True)"
-    )
-    lines.append("GB = 10^9 bytes, as in the ZeRO paper (a GPU sold as 80 GB has about 85e9)")
-    return tuple(lines)

@@ -160,25 +160,7 @@ def advise_cluster(
             headroom=headroom,
         )
 
-    options: list[ClusterOption] = []
-    for gpu in GPU_KINDS:
-        for per_node, nodes in layouts:
-            fitting = [
-                e
-                for e in plan_on(gpu, per_node, nodes).estimates
-                if e.fits_with_headroom and "offload" not in e.strategy
-            ]
-            if fitting:
-                options.append(
-                    ClusterOption(
-                        gpu=gpu,
-                        gpus_per_node=per_node,
-                        nodes=nodes,
-                        strategy=fitting[0].strategy,
-                        gpu_bytes=fitting[0].memory.gpu_total,
-                    )
-                )
-                break
+    options = [o for o in (_smallest_fit(g, layouts, plan_on) for g in GPU_KINDS) if o is not None]
     if not options:
         return ClusterAdvice(
             options=(),
@@ -197,16 +179,40 @@ def advise_cluster(
     missing = [g.name for g in GPU_KINDS if g not in {o.gpu for o in options}]
     if missing:
         reasons.append(f"{', '.join(missing)}: no layout within {max_nodes} nodes fits.")
-    where = "single node" if best.nodes == 1 else "multi-node"
     return ClusterAdvice(
-        options=tuple(options),
-        recommended=best,
-        summary=(
-            f"{where}: {best.nodes} node{'s' if best.nodes > 1 else ''} x "
-            f"{best.gpus_per_node} {best.gpu.name} with "
-            f"{best.strategy} ({format_bytes(best.gpu_bytes)} per GPU)"
-        ),
-        reasons=tuple(reasons),
+        options=tuple(options), recommended=best, summary=_summary(best), reasons=tuple(reasons)
+    )
+
+
+def _smallest_fit(
+    gpu: GpuKind,
+    layouts: list[tuple[int, int]],
+    plan_on: Callable[[GpuKind, int, int], MemoryPlan],
+) -> ClusterOption | None:
+    """The first of ``layouts`` where a GPU-only strategy fits ``gpu`` with headroom, if any."""
+    for per_node, nodes in layouts:
+        fitting = [
+            e
+            for e in plan_on(gpu, per_node, nodes).estimates
+            if e.fits_with_headroom and "offload" not in e.strategy
+        ]
+        if fitting:
+            return ClusterOption(
+                gpu=gpu,
+                gpus_per_node=per_node,
+                nodes=nodes,
+                strategy=fitting[0].strategy,
+                gpu_bytes=fitting[0].memory.gpu_total,
+            )
+    return None
+
+
+def _summary(best: ClusterOption) -> str:
+    where = "single node" if best.nodes == 1 else "multi-node"
+    return (
+        f"{where}: {best.nodes} node{'s' if best.nodes > 1 else ''} x "
+        f"{best.gpus_per_node} {best.gpu.name} with "
+        f"{best.strategy} ({format_bytes(best.gpu_bytes)} per GPU)"
     )
 
 

@@ -37,6 +37,7 @@ import secrets
 import shutil
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sparktrain.errors import ConfigError
@@ -49,6 +50,7 @@ EXIT_GRACE = 10.0
 _HOOK_VARIABLE = "RAY_ON_SPARK_START_HOOK"
 
 
+@dataclass(eq=False)
 class RayOnSpark:
     """A Ray cluster running on a SparkSession; a context manager that shuts it down.
 
@@ -60,20 +62,12 @@ class RayOnSpark:
             ``RAY_AUTH_MODE=token`` and ``RAY_AUTH_TOKEN_PATH`` set to it.
     """
 
-    def __init__(
-        self,
-        address: str,
-        client_address: str,
-        temp_dir: str | None,
-        saved: dict[str, str | None],
-        token_path: str | None = None,
-    ) -> None:
-        self.address = address
-        self.client_address = client_address
-        self.token_path = token_path
-        self._temp_dir = temp_dir
-        self._saved = saved
-        self._closed = False
+    address: str
+    client_address: str
+    _temp_dir: str | None = field(repr=False)  # the head node's, to find its processes
+    _saved: dict[str, str | None] = field(repr=False)  # the variables to restore at shutdown
+    token_path: str | None = None
+    _closed: bool = field(default=False, init=False, repr=False)
 
     def processes(self) -> set[procs.Proc]:
         """This machine's processes of the cluster (head, local worker nodes, their helpers)."""
@@ -188,6 +182,27 @@ def _environment(mode: str) -> tuple[dict[str, str], dict[str, str], str | None]
     return driver, workers, path
 
 
+def _set_environment(extra: dict[str, str], workers: dict[str, str]) -> dict[str, str | None]:
+    """Set the cluster's variables; the values to restore.
+
+    ``extra`` are for this process and the head node; ``workers`` for the worker nodes, through
+    Ray's start hook.
+    """
+    from sparktrain.ray import hook
+
+    names = [*extra, *_AUTH_VARIABLES, "RAY_ADDRESS", _HOOK_VARIABLE]
+    saved = {name: os.environ.get(name) for name in dict.fromkeys(names)}
+    hook.EXTRA_ENV.clear()
+    hook.EXTRA_ENV.update(workers)
+    for name in _AUTH_VARIABLES:  # a token of the caller's must not win over the cluster's
+        os.environ.pop(name, None)
+    os.environ.update(extra)
+    _reload_auth()
+    databricks = "DATABRICKS_RUNTIME_VERSION" in os.environ
+    os.environ[_HOOK_VARIABLE] = f"sparktrain.ray.hook.{'DatabricksHook' if databricks else 'Hook'}"
+    return saved
+
+
 def setup_on_spark(
     *,
     max_worker_nodes: int | None = None,
@@ -236,16 +251,7 @@ def setup_on_spark(
     from sparktrain.ray import hook
 
     extra, workers, token_path = _environment(_auth_mode(auth))
-    names = [*extra, *_AUTH_VARIABLES, "RAY_ADDRESS", _HOOK_VARIABLE]
-    saved = {name: os.environ.get(name) for name in dict.fromkeys(names)}
-    hook.EXTRA_ENV.clear()
-    hook.EXTRA_ENV.update(workers)
-    for name in _AUTH_VARIABLES:  # a token of the caller's must not win over the cluster's
-        os.environ.pop(name, None)
-    os.environ.update(extra)
-    _reload_auth()
-    databricks = "DATABRICKS_RUNTIME_VERSION" in os.environ
-    os.environ[_HOOK_VARIABLE] = f"sparktrain.ray.hook.{'DatabricksHook' if databricks else 'Hook'}"
+    saved = _set_environment(extra, workers)
     head = {"include_dashboard": False, **(head_node_options or {})}
     try:
         address, client = setup_ray_cluster(
@@ -261,11 +267,7 @@ def setup_on_spark(
         raise
     finally:
         hook.EXTRA_ENV.clear()  # the token lives on only in the cluster's processes
-        hook_saved = saved.get(_HOOK_VARIABLE)
-        if hook_saved is None:
-            os.environ.pop(_HOOK_VARIABLE, None)
-        else:
-            os.environ[_HOOK_VARIABLE] = hook_saved
+        _restore({_HOOK_VARIABLE: saved.get(_HOOK_VARIABLE)})
     from ray.util.spark import cluster_init
 
     active = getattr(cluster_init, "_active_ray_cluster", None)

@@ -17,11 +17,13 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from sparktrain.errors import ConfigError
 from sparktrain.inference import outputs
 from sparktrain.inference.models import load_model, model_payload
+from sparktrain.inference.planning import ScoringArgs
 from sparktrain.spark.inference import (
     check_columns,
     column_names,
@@ -144,19 +146,17 @@ def predict(
     """
     if via not in VIA:
         raise ConfigError(f"via={via!r} must be one of {list(VIA)}.")
+    args = ScoringArgs(  # in the order of predict's signature
+        input_cols=input_cols,
+        output_col=output_col,
+        keep_cols=keep_cols,
+        batch_size=batch_size,
+        use_gpu=use_gpu,
+        preprocess=preprocess,
+        batch_tokens=batch_tokens,
+        autocast=autocast,
+    )
     source, scan, reason = _files_input(df, via)
-
-    def udf() -> Any:
-        return _udf_path(
-            df,
-            model,
-            input_cols=input_cols,
-            output_col=output_col,
-            keep_cols=keep_cols,
-            batch_size=batch_size,
-            use_gpu=use_gpu,
-        )
-
     if source is None:
         if via == "files":
             raise ConfigError(f"via='files', but {reason}; pass via='auto' to use the UDF path.")
@@ -166,12 +166,31 @@ def predict(
                 "write the DataFrame to Parquet first, or compute the inputs in Spark."
             )
         _say(f"the UDF path (the rows come from Spark through Arrow): {reason}")
-        return udf()
+        return _udf_path(df, model, args)
+    return _files_path(df, model, args, (source, scan, reason), via)
+
+
+def _files_path(
+    df: Any, model: Any, args: ScoringArgs, found: tuple[Any, Any, str], via: str
+) -> Any:
+    """The Spark workers read the files themselves (unless an ML vector is kept).
+
+    Args:
+        df: The input, as given.
+        model: The model, as given.
+        args: The arguments, as given.
+        found: :func:`_files_input`'s answer: the source, the scan (or ``None``), and why.
+        via: As given.
+
+    Raises:
+        ConfigError: ``output_col`` is a kept column, or a column is not in the input.
+    """
     from sparktrain.inference.planning import make_plan
     from sparktrain.spark.files_path import scored_dataframe
 
+    source, scan, reason = found
     columns = scan.columns if scan is not None else tuple(source.schema.names)
-    keep = columns if keep_cols is None else column_names(keep_cols, "keep_cols")
+    keep = columns if args.keep_cols is None else column_names(args.keep_cols, "keep_cols")
     vectors = [
         k for k in keep if scan is not None and k in df.columns and holds_udt(df.schema[k].dataType)
     ]
@@ -181,27 +200,23 @@ def predict(
             "vector (a user-defined type the files path does not rebuild); pass keep_cols "
             "without it for the files path"
         )
-        return udf()
-    if output_col in keep:
+        return _udf_path(df, model, args)
+    if args.output_col in keep:
         raise ConfigError(
-            f"output_col={output_col!r} is already a column of the DataFrame; choose another name."
+            f"output_col={args.output_col!r} is already a column of the DataFrame; choose another "
+            "name."
         )
-    outside = [k for k in [*keep, *column_names(input_cols, "input_cols")] if k not in columns]
+    outside = [k for k in [*keep, *column_names(args.input_cols, "input_cols")] if k not in columns]
     if outside:
         raise ConfigError(f"columns {outside} not in the DataFrame; it has {list(columns)}.")
     spark = df.sparkSession if scan is not None else _active_spark()
+    rows_per_part = _part_rows(spark, source.rows)
     plan = make_plan(
         source,
         model,
-        input_cols=input_cols,
-        keep_cols=keep,
-        rows_per_part=_part_rows(spark, source.rows),
-        output_col=output_col,
-        preprocess=preprocess,
-        batch_size=batch_size,
-        batch_tokens=batch_tokens,
-        use_gpu=gpu_choice(use_gpu),
-        autocast=autocast,
+        replace(
+            args, keep_cols=keep, rows_per_part=rows_per_part, use_gpu=gpu_choice(args.use_gpu)
+        ),
         row_filter=scan.row_filter if scan is not None else None,
     )
     _say(
@@ -212,19 +227,11 @@ def predict(
     return scored_dataframe(spark, plan, df.schema if scan is not None else None)
 
 
-def _udf_path(
-    df: Any,
-    model: Any,
-    *,
-    input_cols: str | Sequence[str],
-    output_col: str,
-    keep_cols: str | Sequence[str] | None,
-    batch_size: int,
-    use_gpu: bool | None,
-) -> Any:
+def _udf_path(df: Any, model: Any, args: ScoringArgs) -> Any:
     """Today's Arrow UDF over the input columns."""
-    inputs = column_names(input_cols, "input_cols")
+    inputs = column_names(args.input_cols, "input_cols")
     check_columns(df, inputs, "input_cols")
+    output_col, keep_cols = args.output_col, args.keep_cols
     if not isinstance(output_col, str) or not output_col:
         raise ConfigError(f"output_col={output_col!r} must be a column name.")
     if output_col in df.columns:
@@ -234,8 +241,8 @@ def _udf_path(
     keep = None if keep_cols is None else column_names(keep_cols, "keep_cols")
     if keep is not None:
         check_columns(df, keep, "keep_cols")
-    batch_size = positive("batch_size", batch_size)
-    use_gpu = gpu_choice(use_gpu)
+    batch_size = positive("batch_size", args.batch_size)
+    use_gpu = gpu_choice(args.use_gpu)
     loaded = load_model(model)
     spec = outputs.describe(*sample_output(loaded, df, inputs))
     key, payload = model_payload(loaded)

@@ -19,13 +19,11 @@ from sparktrain.errors import ConfigError
 from sparktrain.inference import outputs
 from sparktrain.inference.batches import (
     Where,
-    concat,
     float_dtype,
-    forward,
     input_tensors,
     loaded_model,
     prefetched,
-    split,
+    run_model,
 )
 from sparktrain.spark import tasks
 
@@ -109,11 +107,6 @@ def model_for(scorer: Scorer, device: Any) -> Any:
     return loaded_model(scorer.key, scorer.payload, device)
 
 
-def _forward(model: Any, tensors: list[Any], batch_size: int, device: Any) -> Any:
-    calls = split((tuple(tensors), {}), batch_size)
-    return concat(list(forward(model, calls, device, None)))
-
-
 def score(batches: Iterator[Any], scorer: Scorer) -> Iterator[Any]:
     """The UDF's body: for each batch of input arrays, the predictions as one Arrow array."""
     import torch
@@ -130,7 +123,9 @@ def score(batches: Iterator[Any], scorer: Scorer) -> Iterator[Any]:
             columns = list(arrays) if isinstance(arrays, (tuple, list)) else [arrays]
             rows = len(columns[0])
             tensors = input_tensors(columns, scorer.inputs, widths, where, dtype)
-            output = _forward(model, tensors, scorer.batch_size, device) if rows else None
+            output = None
+            if rows:
+                output = run_model(model, (tuple(tensors), {}), scorer.batch_size, device, None)
             if output is None:
                 yield _empty(scorer.output)
             elif scorer.task == "raw":

@@ -106,21 +106,13 @@ def tune(
         ConfigError: Bad input; nothing was started.
         KeyboardInterrupt: Ctrl-C; running trials were stopped and marked interrupted.
     """
-    _check(num_trials, metric, mode, max_concurrent_trials, num_processes_per_trial)
-    if "on_report" in option_args:
-        raise ConfigError(
-            "tune reads every trial's reports itself (its scheduler stops weak trials), so it "
-            "takes no on_report=; report with sparktrain.report(step=..., **{metric: value})."
-        )
-    trial_options = run_options(
-        options, log_ranks=log_ranks, hang_timeout=hang_timeout, **option_args
-    )
+    _check(num_trials, metric, mode, max_concurrent_trials, num_processes_per_trial, option_args)
     prepared = prepare(
         num_processes_per_trial,
         use_gpu=use_gpu,
         backend=backend,
         ray_address=ray_address,
-        options=trial_options,
+        options=run_options(options, log_ranks=log_ranks, hang_timeout=hang_timeout, **option_args),
         name="num_processes_per_trial",
     )
     searched, constants = to_optuna(search_space)
@@ -147,7 +139,14 @@ def tune(
     return result
 
 
-def _check(num_trials: int, metric: str, mode: str, concurrent: int, procs: int) -> None:
+def _check(  # noqa: PLR0917 - one private caller: tune()
+    num_trials: int,
+    metric: str,
+    mode: str,
+    concurrent: int,
+    procs: int,
+    option_args: Mapping[str, Any],
+) -> None:
     for name, value in (("num_trials", num_trials), ("max_concurrent_trials", concurrent),
                         ("num_processes_per_trial", procs)):  # fmt: skip
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -156,6 +155,11 @@ def _check(num_trials: int, metric: str, mode: str, concurrent: int, procs: int)
         raise ConfigError(f"metric={metric!r} must name a reported metric, e.g. 'loss'")
     if mode not in ("min", "max"):
         raise ConfigError(f"mode={mode!r} must be 'min' or 'max'")
+    if "on_report" in option_args:
+        raise ConfigError(
+            "tune reads every trial's reports itself (its scheduler stops weak trials), so it "
+            "takes no on_report=; report with sparktrain.report(step=..., **{metric: value})."
+        )
 
 
 class _Search:

@@ -126,6 +126,7 @@ def test_a_public_name_is_declared_in_one_table() -> None:
 def test_every_front_door_documents_every_run_option() -> None:
     """The docstrings list the options from RunOptions' fields, so none is ever missing."""
     from sparktrain.compat.horovod_run import run as horovod_run
+    from sparktrain.inference import score
     from sparktrain.launchplan.options import NAMES, OPTIONS_MARK
 
     doors = [
@@ -136,6 +137,8 @@ def test_every_front_door_documents_every_run_option() -> None:
         sparktrain.HorovodRunner.__init__,
         sparktrain.MirroredStrategyRunner.__init__,
         horovod_run,
+        sparktrain.tune,
+        score,
     ]
     for door in doors:
         doc = door.__doc__ or ""

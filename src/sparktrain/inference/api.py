@@ -22,6 +22,7 @@ from sparktrain.errors import ConfigError
 from sparktrain.inference import files, reading
 from sparktrain.inference.parts import ScoringPlan
 from sparktrain.inference.planning import ScoringArgs, as_source, make_plan, positive
+from sparktrain.launchplan.options import documents_options
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class ScoreResult:
     peak_rss: int = 0
 
 
+@documents_options
 def score(
     data: Any,
     model: Any,
@@ -95,8 +97,10 @@ def score(
             for ``backend="spark"`` or ``"ray"``.
         backend: ``"local"``, ``"spark"`` or ``"ray"``, as for :func:`sparktrain.launch`.
         storage_options: Credentials for a remote ``data`` or ``output`` (as fsspec takes).
-        **run_options: Run options of :func:`sparktrain.launch` (``max_restarts``,
-            ``timeout``, ``progress``, ...).
+        **run_options: Run options of :func:`sparktrain.launch` by name
+            (:class:`~sparktrain.RunOptions`; ``return_all`` is set for you):
+
+            {run_options}
 
     Returns:
         A :class:`ScoreResult`.

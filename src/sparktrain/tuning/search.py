@@ -29,7 +29,7 @@ from sparktrain.errors import (
     TrainingFailedError,
     TrainingTimeoutError,
 )
-from sparktrain.launchplan.options import RunOptions, run_options
+from sparktrain.launchplan.options import RunOptions, documents_options, run_options
 from sparktrain.tuning import study as studies
 from sparktrain.tuning.results import TuneResult
 from sparktrain.tuning.space import to_optuna
@@ -41,6 +41,7 @@ _TRIAL_ERRORS = (TrainingFailedError, HangError, TrainingTimeoutError, ClusterEr
 TRIAL_HANG_TIMEOUT = 600.0
 
 
+@documents_options
 def tune(
     main: Callable[[dict[str, Any]], Any],
     search_space: Mapping[str, Any],
@@ -95,9 +96,11 @@ def tune(
             600 by default, so that one stuck trial cannot stall the search. ``None`` turns the
             watch off.
         options: A :class:`~sparktrain.launchplan.options.RunOptions` for every trial.
-        **option_args: Run options of every trial by name (``timeout``, ``max_restarts``,
-            ``exit_grace``, ...), as for :func:`sparktrain.launch`. ``on_report`` is not taken:
-            tune reads every trial's reports itself (its scheduler stops weak trials).
+        **option_args: Run options of every trial by name (:class:`~sparktrain.RunOptions`;
+            ``on_report`` is not taken: tune reads every trial's reports itself, its scheduler
+            stops weak trials):
+
+            {run_options}
 
     Returns:
         A :class:`TuneResult`: every trial, ``best_config``, ``best_value``, ``table()``.

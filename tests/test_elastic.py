@@ -182,7 +182,9 @@ def test_a_node_gone_silent_is_lost_within_the_heartbeat_timeout(
     [lost] = result.rescales
     assert (lost.cause, lost.old_world_size, lost.new_world_size) == ("lost", 2, 1)
     assert "sent nothing for 3s" in lost.detail and "node 1" in lost.detail
-    assert 2.5 < lost.at - (time.time() - (time.monotonic() - frozen[0])) < 8.0
+    # Lost after the 3 s heartbeat timeout, never before; well within TCP's minutes (15 s: the
+    # driver's loop on a 2-core machine loaded 3x over took 8.4 s once).
+    assert 2.5 < lost.at - (time.time() - (time.monotonic() - frozen[0])) < 15.0
     assert sorted(committed_ids(logs)) == list(range(ROWS))  # exactly once
     assert cluster.nodes_up == [0]  # marked down: a new attempt does not use it
     assert cluster.node_pids() == {}

@@ -145,3 +145,13 @@ def test_every_front_door_documents_every_run_option() -> None:
         assert OPTIONS_MARK not in doc, door
         missing = [n for n in NAMES if f"``{n}``" not in doc]
         assert not missing, (door.__qualname__, missing)
+
+
+def test_a_users_subclass_of_a_front_door_is_left_as_it_is() -> None:
+    class Mine(sparktrain.TorchDistributor):
+        def __init__(self) -> None:
+            """My own distributor."""
+            super().__init__(1)
+
+    assert Mine.__init__.__doc__ == "My own distributor."
+    assert Mine().num_processes == 1

@@ -29,7 +29,7 @@ from typing_extensions import Unpack
 from sparktrain.compat.torch_distributor import TorchDistributor
 from sparktrain.errors import ConfigError
 from sparktrain.launchplan.front import DEEPSPEED_DISTRIBUTOR, FrontDoor
-from sparktrain.launchplan.options import RunOptions, RunOptionsArgs, documents_options
+from sparktrain.launchplan.options import RunOptions, RunOptionsArgs
 from sparktrain.rank import rundirs
 
 
@@ -101,7 +101,6 @@ class DeepspeedTorchDistributor(TorchDistributor):
     count_name: ClassVar[str] = "numGpus * nnodes"
     front_door: ClassVar[FrontDoor] = DEEPSPEED_DISTRIBUTOR
 
-    @documents_options
     def __init__(
         self,
         numGpus: int = 1,

@@ -26,7 +26,13 @@ from typing_extensions import Unpack
 from sparktrain.driver.launch import PreparedLaunch, prepare
 from sparktrain.errors import ConfigError
 from sparktrain.launchplan.front import TORCH_DISTRIBUTOR, FrontDoor
-from sparktrain.launchplan.options import RunOptions, RunOptionsArgs, documents_options, run_options
+from sparktrain.launchplan.options import (
+    OPTIONS_MARK,
+    RunOptions,
+    RunOptionsArgs,
+    documents_options,
+    run_options,
+)
 
 
 class TorchDistributor:
@@ -36,6 +42,16 @@ class TorchDistributor:
     count_name: ClassVar[str] = "num_processes"
     #: The original's differences this front door keeps (its TLS-override conf).
     front_door: ClassVar[FrontDoor] = TORCH_DISTRIBUTOR
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass's ``__init__`` lists every run option where its docstring has the mark.
+
+        A user's subclass without the mark is left as it is.
+        """
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is not None and OPTIONS_MARK in (init.__doc__ or ""):
+            documents_options(init)
 
     @documents_options
     def __init__(

@@ -85,7 +85,7 @@ def ray_head(cluster: nshosts.Hosts, tmp_path_factory: pytest.TempPathFactory) -
     return address
 
 
-#: Each Ray head's work folder and environment, to start a node again (see _revive_ray_nodes).
+#: Each Ray head's work folder and environment, to start a node again (see _renew_ray_node).
 _RAY_NODES: dict[str, tuple[Path, dict[str, str]]] = {}
 
 
@@ -99,24 +99,33 @@ def _start_ray_node(
     cluster.run(host, [*node, "--num-cpus", "1"], log=log, env=env)
 
 
-def _revive_ray_nodes(cluster: nshosts.Hosts, address: str) -> None:
-    """Start again the Ray node of a host that an earlier test cut off for longer than Ray's
-    health checks allow (its raylet is then declared dead and exits): each test starts from a
-    whole cluster, however long the one before it took."""
+def _renew_ray_node(cluster: nshosts.Hosts, address: str, host: int) -> None:
+    """Give ``host`` a new Ray node. An earlier test that cut the host off leaves its node
+    half-dead: Ray's health checks may declare it dead tens of seconds after the link is back (its
+    raylet then exits), in the middle of the next test. So the node is killed, seen dead, and
+    started again: the test starts from a whole cluster, however long the one before it took."""
     work, env = _RAY_NODES[address]
+    ip = cluster.addresses[host]
+    subprocess.run(["pkill", "-KILL", "-f", f"node.ip.address.{ip}( |$)"], check=False)
+    _wait_alive(address, ip, alive=False)
+    _start_ray_node(cluster, host, address, work, env)
+    _wait_alive(address, ip, alive=True)
+
+
+def _wait_alive(address: str, ip: str, *, alive: bool) -> None:
+    """Wait until Ray counts a node at ``ip`` alive (or none), for at most 120 s."""
     code = (
-        "import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False)\n"
-        "print(sorted(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']))\n"
+        "import ray, sys, time; ray.init(address=sys.argv[1], log_to_driver=False)\n"
+        "deadline = time.monotonic() + 120\n"
+        "while any(n['Alive'] and n['NodeManagerAddress'] == sys.argv[2] for n in ray.nodes())"
+        " != (sys.argv[3] == '1'):\n"
+        "    assert time.monotonic() < deadline, ray.nodes()\n"
+        "    time.sleep(0.5)\n"
     )
-    alive = subprocess.run(
-        [sys.executable, "-c", code, address], check=True, timeout=120, capture_output=True,
-        text=True, env=dict(os.environ, RAY_AUTH_MODE="disabled"),
-    ).stdout.strip().splitlines()[-1]  # fmt: skip
-    missing = [h for h, ip in enumerate(cluster.addresses) if f"'{ip}'" not in alive]
-    for host in missing:
-        _start_ray_node(cluster, host, address, work, env)
-    if missing:
-        _wait_ray_nodes(address, len(cluster.addresses) + 1, work)
+    subprocess.run(
+        [sys.executable, "-c", code, address, ip, "1" if alive else "0"], check=True,
+        timeout=180, capture_output=True, env=dict(os.environ, RAY_AUTH_MODE="disabled"),
+    )  # fmt: skip
 
 
 def _wait_ray_nodes(address: str, count: int, work: Path) -> None:
@@ -332,7 +341,7 @@ def test_a_partitioned_host_is_lost_in_seconds_on_ray(
 ) -> None:
     """The same on Ray, which counts the cut-off node alive for tens of seconds more: it is left
     out of the capacity and of the next placement."""
-    _revive_ray_nodes(cluster, ray_head)
+    _renew_ray_node(cluster, ray_head, 1)  # the host the Spark test before cut off
     _partitioned(cluster, RAY_SESSION + PARTITION, [ray_head], tmp_path)
 
 

@@ -27,10 +27,11 @@ from sparktrain import (
 from sparktrain.contract.outcome import NodeOutcome, RankExit
 from sparktrain.contract.paths import error_path, result_path
 from sparktrain.contract.report import NodeReport, node_report
-from sparktrain.driver import elastic
+from sparktrain.driver import capacity
 from sparktrain.driver import follow as follow_module
 from sparktrain.driver.backend import Attempt, Backend, Nodes, Polled
-from sparktrain.driver.elastic import run_attempts, watch_capacity
+from sparktrain.driver.capacity import watch_capacity
+from sparktrain.driver.elastic import run_attempts
 from sparktrain.driver.monitor import Monitor
 from sparktrain.driver.results import RunResult, finish
 from sparktrain.errors import CapacityError, GrowBack, RankFailure, StackSite
@@ -345,7 +346,7 @@ def test_growing_back_relays_out_at_what_fits() -> None:
 
 
 def test_the_grow_watch_asks_once_when_more_fits(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(elastic, "GROW_CHECK_SECONDS", 0.0)
+    monkeypatch.setattr(capacity, "GROW_CHECK_SECONDS", 0.0)
     backend = FakeBackend(2)
     small = backend.layout(2, use_gpu=False, name="n")
     asked: list[str] = []

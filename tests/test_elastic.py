@@ -21,7 +21,15 @@ import pytest
 
 import sparktrain
 from conftest import wait_gone
-from sparktrain import CapacityError, LocalCluster, TrainingFailedError, checkpoint, launch
+from sparktrain import (
+    CapacityError,
+    ClusterConfigError,
+    LocalCluster,
+    TrainingFailedError,
+    checkpoint,
+    launch,
+)
+from sparktrain.driver import capacity
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -191,6 +199,55 @@ def test_a_node_gone_silent_is_lost_within_the_heartbeat_timeout(
     assert "sparktrain: elastic: lost node 1" in capfd.readouterr().err
 
 
+def test_an_elastic_run_starts_on_what_is_there_and_grows(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Capacity short at the start: the run begins on the node that is up and grows back."""
+    data_dir = write_rows(tmp_path / "data")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    cluster = LocalCluster(nodes=2)
+    assert cluster.kill_node(1) is None and cluster.nodes_up == [0]  # down before the run
+    added: list[int] = []
+
+    def on_report(rank: int, record: dict[str, Any]) -> None:
+        world = (record.get("metrics") or {}).get("world")
+        if rank == 0 and world == 1 and record.get("step") == 3 and not added:
+            added.append(cluster.add_node())
+
+    result = launch(
+        elastic_train, (data_dir, str(tmp_path / "ckpt"), str(logs), 0.15), num_processes=2,
+        backend=cluster, min_processes=1, on_report=on_report, progress=False,
+    )  # fmt: skip
+    assert added == [1]
+    assert [(r.cause, r.old_world_size, r.new_world_size) for r in result.rescales] == [
+        ("grew", 1, 2)
+    ]
+    assert (logs / "attempt0-start.txt").read_text() == "0 1"  # began on one rank
+    assert result.world_size == 2 and result.value["world"] == 2
+    assert result.value["accumulate"] == 1 and result.value["rescaled"] == [(1, 2)]
+    assert sorted(committed_ids(logs)) == list(range(ROWS))  # every row exactly once
+    err = capfd.readouterr().err
+    assert "sparktrain: elastic: 2 rank(s) do not fit now (num_processes=2 needs 2 node(s)" in err
+    assert "starting on 1 ranks on 1 node, cpu (gloo) (min_processes=1); the run grows back" in err
+    assert cluster.node_pids() == {}
+
+
+def test_an_elastic_start_below_the_floor_is_refused_at_once() -> None:
+    cluster = LocalCluster(nodes=3)
+    cluster.kill_node(1)
+    cluster.kill_node(2)
+    with pytest.raises(CapacityError) as caught:
+        launch(sleeps_then_returns, ("/nonexistent",), num_processes=3, backend=cluster,
+               min_processes=2)  # fmt: skip
+    text = str(caught.value)
+    assert "the elastic run cannot start: 3 rank(s) do not fit now" in text
+    assert "nor any size down to min_processes=2 on the local-cluster backend" in text
+    with pytest.raises(ClusterConfigError, match="needs 3 node"):  # not elastic: as before
+        launch(sleeps_then_returns, ("/nonexistent",), num_processes=3, backend=cluster)
+    assert cluster.node_pids() == {}
+
+
 def raises_on_rank_1() -> None:
     import torch.distributed as dist
 
@@ -218,7 +275,9 @@ def sleeps_then_returns(folder: str) -> int:
     return dist.get_world_size()
 
 
-def test_below_the_floor_is_an_error_not_a_wait(tmp_path: Path) -> None:
+def test_below_the_floor_is_an_error_not_a_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cluster = LocalCluster(nodes=2)
 
     def killer() -> None:
@@ -227,10 +286,30 @@ def test_below_the_floor_is_an_error_not_a_wait(tmp_path: Path) -> None:
             time.sleep(0.1)
         cluster.kill_node(0)
 
+    reads: list[float] = []
+    settling: list[float] = []
+    read, settle = cluster.capacity, capacity.settled_capacity
+
+    def counted(plan: Any) -> int:
+        reads.append(time.monotonic())
+        return read(plan)
+
+    def timed(*args: Any) -> int:  # from the loss seen (the sizing begins) to its answer
+        started = time.monotonic()
+        try:
+            return settle(*args)
+        finally:
+            settling.append(time.monotonic() - started)
+
+    monkeypatch.setattr(cluster, "capacity", counted)
+    monkeypatch.setattr(capacity, "settled_capacity", timed)
     threading.Thread(target=killer, daemon=True).start()
     with pytest.raises(CapacityError) as caught:
         launch(sleeps_then_returns, (str(tmp_path),), num_processes=2, backend=cluster,
                min_processes=2)  # fmt: skip
+    # Refused once the reads agree below the floor for a moment (3 reads, 1 s), never after the
+    # 10 s a changing capacity may take to settle.
+    assert len(reads) == 3 and len(settling) == 1 and settling[0] < 2.0
     text = str(caught.value)
     assert "1 rank(s) can run now" in text and "min_processes=2" in text
     assert "1 more rank(s) of capacity are missing" in text

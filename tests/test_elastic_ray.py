@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import builtins
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -93,3 +94,40 @@ def test_a_lost_ray_node_shrinks_the_run_and_a_joining_one_grows_it(
     assert result.value["world"] == 2 and result.value["rescaled"] == [(1, 2)]
     assert sorted(committed_ids(logs)) == list(range(240))  # every row exactly once
     assert "sparktrain: elastic: lost node" in capfd.readouterr().err
+
+
+def test_an_elastic_run_starts_on_the_ray_node_that_is_there_and_grows(
+    two_node_ray: Any, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    cluster = two_node_ray
+    import ray
+
+    cluster.remove_node(cluster.list_all_nodes()[-1], allow_graceful=False)  # before the run
+    deadline = time.monotonic() + 60  # until Ray no longer counts the removed node's CPU free
+    while ray.available_resources().get("CPU", 0) > 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    data_dir = write_rows(tmp_path / "data")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    added: list[str] = []
+
+    def on_report(rank: int, record: dict[str, Any]) -> None:
+        world = (record.get("metrics") or {}).get("world")
+        if rank == 0 and world == 1 and record.get("step") == 3 and not added:
+            added.append("added")
+            cluster.add_node(num_cpus=1)
+
+    result = launch(
+        elastic_train, (data_dir, str(tmp_path / "ckpt"), str(logs), 0.15), num_processes=2,
+        backend="ray", min_processes=1, on_report=on_report, progress=False,
+    )  # fmt: skip
+    assert added == ["added"]
+    assert [(r.cause, r.old_world_size, r.new_world_size) for r in result.rescales] == [
+        ("grew", 1, 2)
+    ]
+    assert (logs / "attempt0-start.txt").read_text() == "0 1"
+    assert result.value["world"] == 2 and result.value["rescaled"] == [(1, 2)]
+    assert sorted(committed_ids(logs)) == list(range(240))  # every row exactly once
+    err = capfd.readouterr().err
+    assert "sparktrain: elastic: 2 rank(s) do not fit now (" in err
+    assert "starting on 1 ranks on 1 node" in err

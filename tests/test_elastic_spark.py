@@ -9,7 +9,8 @@ machine is preempted), then through ``TorchDistributor(..., min_processes=...)``
 1. trains with checkpoints; mid-epoch the worker of one executor is killed; the run finishes on
    one executor; a new worker is started, and the next checkpoint brings the run back to two;
 2. runs a rank that raises ``ValueError``: not retried elastically;
-3. asks for ``min_processes=2`` and loses a worker: a ``CapacityError``, not a wait.
+3. asks for ``min_processes=2`` and loses a worker: a ``CapacityError``, not a wait;
+4. with one worker of two up, starts on one executor and grows to two when a worker comes.
 """
 
 from __future__ import annotations
@@ -148,6 +149,25 @@ try:
     except CapacityError as error:
         out["floor"] = {"text": str(error),
                         "ranks": [int(p.read_text()) for p in pids.iterdir()]}
+
+    # 4. capacity short at the start: begin on the one executor left, grow when one comes
+    wait("one executor", lambda: executors() == 1)
+    short = work / "logs-short"
+    short.mkdir()
+    grown = []
+
+    def grow_at_3(rank, record):
+        world, step = (record.get("metrics") or {}).get("world"), record.get("step")
+        if rank == 0 and world == 1 and step == 3 and not grown:
+            grown.append("added")
+            workers.append(worker())
+
+    value = TorchDistributor(2, local_mode=False, use_gpu=False, min_processes=1,
+                             on_report=grow_at_3, progress=False).run(
+        t.elastic_train, data_dir, str(work / "ckpt-short"), str(short), 0.5)
+    starts = sorted(short.glob("attempt*-start.txt"), key=lambda p: int(p.name[7:-10]))
+    out["short"] = {"value": value, "grown": grown, "starts": [p.read_text() for p in starts],
+                    "ids": sorted(t.committed_ids(short))}
     spark.stop()
 finally:
     for proc in started:
@@ -194,3 +214,11 @@ def test_elastic_on_a_standalone_cluster(tmp_path: Path) -> None:
     floor = out["floor"]
     assert "1 rank(s) can run now" in floor["text"] and "min_processes=2" in floor["text"]
     assert wait_gone(floor["ranks"]) == []
+
+    short = out["short"]
+    assert short["grown"] == ["added"], stderr[-4000:]
+    assert [start.split()[1] for start in short["starts"]] == ["1", "2"]  # began on one
+    assert short["ids"] == list(range(200))  # every row exactly once
+    assert short["value"]["world"] == 2 and short["value"]["rescaled"] == [[1, 2]]
+    assert "sparktrain: elastic: 2 rank(s) do not fit now (" in stderr
+    assert "starting on 1 ranks on 1 node" in stderr

@@ -149,7 +149,13 @@ def _refused(options: dict[str, Any], model: str, batch: int) -> None:
         ({"pp": 2, "microbatches": 4}, "sequential", 2, "a batch of 2 does not split into"),
         ({"pp": 2, "microbatches": 2}, "sequential", 2, "the batch shapes changed"),
         ({"pp": 2, "stages_per_rank": 4, "schedule": "loopedbfs"}, "sequential", 4, "8 pipeline"),
-        ({"pp": 3}, "sequential", 4, r"tp=1 x pp=3 = 3 does not divide the 2 ranks"),
+        (
+            {"pp": 3},
+            "sequential",
+            4,
+            r"pp=3 does not divide 2, so no tp fits with it\. Use pp "
+            r"in \[1, 2\]",
+        ),
     ],
 )
 def test_errors_in_the_ranks_name_the_fix(

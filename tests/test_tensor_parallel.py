@@ -191,6 +191,14 @@ def test_mesh_errors_name_the_fix() -> None:
     assert MeshShape(pp=2, dp=2, tp=2).coordinate(5) == (1, 0, 1)
     with pytest.raises(ConfigError, match=r"tp=3 x pp=1 = 3 does not divide the 4 ranks"):
         mesh_shape(4, tp=3, node_size=4)
+    with pytest.raises(ConfigError, match=r"Use tp in \[1, 2\] with pp=2"):
+        mesh_shape(4, tp=3, pp=2, node_size=4)
+    with pytest.raises(ConfigError) as refused:  # no tp helps when pp does not divide
+        mesh_shape(4, pp=3, node_size=4)
+    assert "pp=3 does not divide 4, so no tp fits with it. Use pp in [1, 2, 4]" in str(
+        refused.value
+    )
+    assert "tp in" not in str(refused.value)
     with pytest.raises(ConfigError, match=r"tp=8 is larger than a node \(4 ranks a node\)"):
         mesh_shape(16, tp=8, node_size=4)
     with pytest.raises(ConfigError, match=r"tp=2 does not divide the 3 ranks of a node"):

@@ -95,7 +95,7 @@ class DistributedFunction(Generic[P, R]):
             front=DECORATOR,
         )
         result = prepared.run(self.fn, args, kwargs)
-        return [result.return_values[rank] for rank in range(prepared.plan.world_size)]
+        return [result.return_values[rank] for rank in range(result.world_size)]
 
     def __repr__(self) -> str:
         return (

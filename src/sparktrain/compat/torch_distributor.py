@@ -107,7 +107,7 @@ class TorchDistributor:
         tasks = self.plan.world_size if self.backend == "local" else self.plan.nodes
         #: The constructor's values, as pyspark's ``input_params`` holds them.
         self.input_params: dict[str, Any] = {
-            "num_processes": self.plan.world_size,
+            "num_processes": self.prepared.target,
             "local_mode": local_mode,
             "use_gpu": use_gpu,
             "num_tasks": tasks,

@@ -22,21 +22,18 @@ in the run's MLflow run.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import sys
 import time
 from collections.abc import Callable
 from typing import Literal
 
-from sparktrain.driver.backend import Backend, Nodes
-from sparktrain.driver.monitor import Monitor
+from sparktrain.driver.backend import Backend
+from sparktrain.driver.capacity import fit
+from sparktrain.driver.monitor import Monitor, say
 from sparktrain.driver.results import LOST_NODE, Rescale, RunResult
 from sparktrain.errors import (
-    CapacityError,
     ClusterConfigError,
     ClusterError,
-    ConfigError,
     GrowBack,
     TrainingFailedError,
     TrainingTimeoutError,
@@ -44,14 +41,6 @@ from sparktrain.errors import (
 )
 from sparktrain.launchplan.layout import LaunchPlan
 from sparktrain.launchplan.options import RunOptions
-
-#: While an elastic run is short of its full size: how often the driver looks at the capacity.
-GROW_CHECK_SECONDS = 2.0
-#: After a loss: the pause between two reads of the capacity that must agree, and the longest
-#: the reads go on before the last one is taken as it is.
-SETTLE_STEP = 0.5
-SETTLE_SECONDS = 10.0
-
 
 Attempt = Callable[[LaunchPlan, int], RunResult]
 
@@ -65,20 +54,24 @@ def run_attempts(
     *,
     name: str = "num_processes",
     on_start: Callable[[LaunchPlan, int], None] | None = None,
+    target: int | None = None,
 ) -> RunResult:
     """Run attempts of ``plan`` until one succeeds, the restarts are used up, or capacity ends.
 
     Args:
         backend: Where the nodes run (asked for its capacity by elastic runs).
-        plan: The full-size layout.
+        plan: The first attempt's layout (the full size, unless an elastic run started short:
+            :func:`~sparktrain.driver.capacity.first_layout`).
         options: The run's policy (``max_restarts``, ``min_processes``, ``grow_back``...).
         attempt: Runs one attempt of a layout (``attempt(plan, number)``) and returns its
             result or raises its error.
         monitor: The run's monitor (rank 0's resume report completes a rescale's record).
         name: What the caller's front door calls the number of ranks, for messages.
         on_start: Called before each attempt with its layout and number (MLflow's metric).
+        target: The run's full size (``plan``'s by default), which an elastic run grows toward.
     """
-    run = _Attempts(backend, plan, options, _Rescales(monitor), name)
+    full = plan.world_size if target is None else target
+    run = _Attempts(backend, plan, full, options, _Rescales(monitor), name)
     while True:
         if on_start is not None:
             on_start(run.current, run.number)
@@ -106,7 +99,8 @@ class _Attempts:
     """One run's attempts so far: the layout of the next, the restarts used, the rescales."""
 
     backend: Backend
-    plan: LaunchPlan
+    plan: LaunchPlan  # the first attempt's
+    target: int  # the full size
     options: RunOptions
     log: _Rescales
     name: str
@@ -121,16 +115,15 @@ class _Attempts:
     def shrink(self, why: str) -> None:
         """Go on with as many ranks as fit now, after a loss."""
         ended = time.time()
-        smaller = fit(
-            self.backend, self.current, self.plan.world_size, self.options, name=self.name, why=why
-        )
+        current, options = self.current, self.options
+        smaller = fit(self.backend, current, self.target, options, name=self.name, why=why)
         self.log.add("lost", why, self.current, smaller, ended)
         self.current = smaller
 
     def grow(self) -> None:
         """Go on with as many ranks as fit now, up to the full size, after a grow-back stop."""
         ended = time.time()
-        current, target = self.current, self.plan.world_size
+        current, target = self.current, self.target
         bigger = fit(self.backend, current, target, self.options, name=self.name, why="grow back")
         if bigger.world_size != current.world_size:  # else the capacity went again: go on
             self.log.add("grew", _grown(current, bigger), current, bigger, ended)
@@ -143,7 +136,7 @@ class _Attempts:
             error, size, self.forming
         ):
             error.attempts = self.number + 1
-            _say(
+            say(
                 "sparktrain: the ranks failed to connect while their process group formed, "
                 f"twice at {size} rank(s) with every node there: that is the network's set-up, "
                 "not a lost node; not restarting or rescaling",
@@ -155,7 +148,7 @@ class _Attempts:
             self.shrink(_loss(error))
         elif self.restarts < options.max_restarts:
             self.restarts += 1
-            _say(
+            say(
                 f"sparktrain: {_first(error)}; restarting every rank "
                 f"(attempt {self.restarts + 1} of {options.max_restarts + 1})",
                 monitor,
@@ -164,7 +157,7 @@ class _Attempts:
             if isinstance(error, TrainingFailedError):
                 error.attempts = self.number + 1
             if lost:
-                _say(
+                say(
                     f"sparktrain: elastic: not going on: the run already changed size "
                     f"{len(self.log.entries)} time(s), max_rescales={options.max_rescales}",
                     monitor,
@@ -189,113 +182,6 @@ def repeated_setup_fault(error: TrainingFailedError, size: int, seen: set[int]) 
     return False
 
 
-def fit(
-    backend: Backend,
-    current: LaunchPlan,
-    target: int,
-    options: RunOptions,
-    *,
-    name: str,
-    why: str,
-) -> LaunchPlan:
-    """The largest layout, up to ``target`` ranks and at least ``min_processes``, that fits now.
-
-    Raises:
-        CapacityError: Fewer than ``min_processes`` ranks fit; names what is there and what is
-            missing.
-    """
-    floor = options.min_processes or target
-    capacity = min(settled_capacity(backend, current, floor), target)
-    found = largest_layout(backend, current, capacity, floor, name=name)
-    if found is not None:
-        return found
-    raise CapacityError(
-        f"the elastic run cannot go on after {why}: {max(capacity, 0)} rank(s) can run now "
-        f"on the {backend.name} backend, fewer than min_processes={floor} (the run's full size "
-        f"is {target}); {floor - max(capacity, 0)} more rank(s) of capacity are missing. Add "
-        "nodes or executors, or lower min_processes."
-    )
-
-
-def settled_capacity(backend: Backend, plan: LaunchPlan, floor: int) -> int:
-    """The backend's capacity, once it has settled after a loss (never longer than a moment).
-
-    Two reads :data:`SETTLE_STEP` apart must agree on at least ``floor`` ranks; after
-    :data:`SETTLE_SECONDS` the last read stands. Just after a loss, a cluster's view lags: Ray
-    frees the lost attempt's resources a moment after its placement group is removed, and Spark
-    drops a lost executor's slots when it notices.
-    """
-    deadline = time.monotonic() + SETTLE_SECONDS
-    last = _capacity(backend, plan)
-    while True:
-        time.sleep(SETTLE_STEP)
-        now = _capacity(backend, plan)
-        if (now == last and now >= floor) or time.monotonic() > deadline:
-            return now
-        last = now
-
-
-def _capacity(backend: Backend, plan: LaunchPlan) -> int:
-    try:
-        return backend.capacity(plan)
-    except Exception as exc:
-        raise ClusterError(
-            f"the elastic run could not ask the {backend.name} backend for its capacity after a "
-            f"loss ({type(exc).__name__}: {exc}); check the cluster, then run again."
-        ) from exc
-
-
-def largest_layout(
-    backend: Backend, plan: LaunchPlan, high: int, low: int, *, name: str = "num_processes"
-) -> LaunchPlan | None:
-    """The largest layout like ``plan`` of ``high`` down to ``low`` ranks, or ``None``.
-
-    A size the backend cannot lay out (not a multiple of the ranks per node, nodes too unequal)
-    is skipped for the next smaller one.
-    """
-    use_gpu = plan.device == "cuda"
-    for size in range(high, low - 1, -1):
-        try:
-            return backend.layout(size, use_gpu=use_gpu, name=name)
-        except ConfigError:
-            continue
-    return None
-
-
-def watch_capacity(
-    backend: Backend,
-    plan: LaunchPlan,
-    target: int,
-    options: RunOptions,
-    monitor: Monitor | None = None,
-) -> Callable[[Nodes], None] | None:
-    """For the follow loop: asks the nodes to grow back once more ranks fit (``None``: never)."""
-    if not options.elastic or not options.grow_back or plan.world_size >= target:
-        return None
-    state = {"next": time.monotonic() + GROW_CHECK_SECONDS, "asked": False}
-
-    def tick(nodes: Nodes) -> None:
-        now = time.monotonic()
-        if state["asked"] or now < state["next"]:
-            return
-        state["next"] = now + GROW_CHECK_SECONDS
-        try:
-            high = min(backend.capacity(plan), target)
-            more = largest_layout(backend, plan, high, plan.world_size + 1) is not None
-        except Exception:  # a cluster that cannot answer now: ask again later
-            return
-        if more:
-            state["asked"] = True
-            _say(
-                "sparktrain: elastic: capacity returned; the ranks stop at their next "
-                f"checkpoint to grow back from {plan.world_size} rank(s) toward {target}",
-                monitor,
-            )
-            nodes.request_grow()
-
-    return tick
-
-
 class _Rescales:
     """The rescales of one run, completed by rank 0's resume report."""
 
@@ -314,7 +200,7 @@ class _Rescales:
     ) -> None:
         self.entries.append(Rescale(cause, detail, old.world_size, new.world_size, ended))
         what = f"lost {detail}" if cause == "lost" else "growing back"
-        _say(
+        say(
             f"sparktrain: elastic: {what}; restarting on {new.describe()} (was "
             f"{old.world_size} rank(s)) from the latest checkpoint",
             self.monitor,
@@ -327,7 +213,7 @@ class _Rescales:
         self.entries[-1] = dataclasses.replace(
             last, resumed_step=step, resume_seconds=time.time() - last.at
         )
-        _say(f"sparktrain: elastic: {self.entries[-1].resumed()}", self.monitor)
+        say(f"sparktrain: elastic: {self.entries[-1].resumed()}", self.monitor)
 
     def done(self) -> tuple[Rescale, ...]:
         return tuple(self.entries)
@@ -348,9 +234,3 @@ def _first(error: BaseException) -> str:
 
 def _grown(old: LaunchPlan, new: LaunchPlan) -> str:
     return f"{new.world_size - old.world_size} more rank(s) fit"
-
-
-def _say(line: str, monitor: Monitor | None = None) -> None:
-    """Print ``line`` on stderr, around the monitor's progress bar when there is one."""
-    with monitor.around_bar() if monitor is not None else contextlib.nullcontext():
-        print(line, file=sys.stderr, flush=True)

@@ -22,7 +22,8 @@ from typing import Any
 from typing_extensions import Unpack
 
 from sparktrain.driver.backend import Attempt, Backend, make_backend
-from sparktrain.driver.elastic import run_attempts, watch_capacity
+from sparktrain.driver.capacity import first_layout, watch_capacity
+from sparktrain.driver.elastic import run_attempts
 from sparktrain.driver.follow import follow
 from sparktrain.driver.monitor import Monitor
 from sparktrain.driver.results import RunResult, finish
@@ -39,13 +40,20 @@ class PreparedLaunch:
 
     Attributes:
         backend: Where the nodes run.
-        plan: The layout of every attempt.
+        plan: The layout of the first attempt (of every attempt, unless the run is elastic).
         options: The run's policy.
+        target: The run's full size: ``plan``'s, or more when an elastic run starts short of it
+            (:func:`~sparktrain.driver.capacity.first_layout`) and grows toward it.
     """
 
     backend: Backend
     plan: LaunchPlan
     options: RunOptions
+    target: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.target:
+            object.__setattr__(self, "target", self.plan.world_size)
 
     def run(
         self,
@@ -112,6 +120,7 @@ class PreparedLaunch:
                 ),
                 monitor,
                 on_start=run.attempt_started if run else None,
+                target=self.target,
             )
         except BaseException as error:
             if run is not None:
@@ -133,7 +142,7 @@ class PreparedLaunch:
     ) -> RunResult:
         started = time.monotonic()
         options = self.options
-        target = self.plan.world_size if options.elastic else None
+        target = self.target if options.elastic else None
         attempt = Attempt(
             plan=plan, options=options, entry=entry, number=number, monitor=monitor,
             extra_env=extra_env, data_uri=data_uri, target_world_size=target,
@@ -143,7 +152,7 @@ class PreparedLaunch:
             nodes,
             stop_grace=options.stop_grace,
             monitor=monitor,
-            tick=watch_capacity(self.backend, plan, self.plan.world_size, options, monitor),
+            tick=watch_capacity(self.backend, plan, self.target, options, monitor),
         )
         return finish(
             reports,
@@ -168,6 +177,10 @@ def prepare(
 ) -> PreparedLaunch:
     """Choose the backend, lay out the ranks on it, check the options; start nothing.
 
+    An elastic run (``min_processes``) whose full size does not fit now is laid out on the
+    largest size that does, and grows toward the full size once running
+    (:func:`~sparktrain.driver.capacity.first_layout`).
+
     Args:
         num_processes: Number of ranks.
         use_gpu: ``True``, ``False``, or ``None`` for GPUs where there are some.
@@ -183,10 +196,9 @@ def prepare(
         ConfigError: Bad input; the message names the value and the fix.
     """
     chosen = make_backend(backend, topology=topology, ray_address=ray_address, front=front)
-    plan = chosen.layout(num_processes, use_gpu=use_gpu, name=name)
     options = options or RunOptions()
-    options.check_ranks(plan.world_size, name)
-    return PreparedLaunch(chosen, plan, options)
+    plan, target = first_layout(chosen, num_processes, use_gpu=use_gpu, options=options, name=name)
+    return PreparedLaunch(chosen, plan, options, target)
 
 
 @documents_options

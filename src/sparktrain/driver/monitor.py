@@ -168,3 +168,9 @@ def _new_bar(label: str, total: int | None) -> Any:
     return tqdm(
         total=total, desc=label, unit="step", file=sys.stderr, dynamic_ncols=not size, **size
     )
+
+
+def say(line: str, monitor: Monitor | None = None) -> None:
+    """Print the driver's ``line`` on stderr, around the monitor's progress bar if it has one."""
+    with monitor.around_bar() if monitor is not None else contextlib.nullcontext():
+        print(line, file=sys.stderr, flush=True)

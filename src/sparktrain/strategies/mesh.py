@@ -52,12 +52,7 @@ def mesh_shape(world_size: int, *, tp: object = 1, pp: object = 1, node_size: in
     """
     tp, pp = _positive("tp", tp), _positive("pp", pp)
     if world_size % (tp * pp):
-        fits = [t for t in range(1, world_size + 1) if world_size % (t * pp) == 0]
-        raise ConfigError(
-            f"tp={tp} x pp={pp} = {tp * pp} does not divide the {world_size} ranks of this run: "
-            f"the data-parallel degree would be {world_size / (tp * pp):g}. Use a world size "
-            f"that is a multiple of {tp * pp}, or tp in {fits} with pp={pp}."
-        )
+        raise ConfigError(_indivisible(world_size, tp, pp))
     if tp > node_size:
         raise ConfigError(
             f"tp={tp} is larger than a node ({node_size} ranks a node): tensor parallelism "
@@ -70,6 +65,23 @@ def mesh_shape(world_size: int, *, tp: object = 1, pp: object = 1, node_size: in
             f"group would straddle two nodes. Use a tp that divides {node_size}."
         )
     return MeshShape(pp=pp, dp=world_size // (tp * pp), tp=tp)
+
+
+def _indivisible(world_size: int, tp: int, pp: int) -> str:
+    """Why ``tp x pp`` does not fit ``world_size`` ranks, and the degrees that would."""
+    said = (
+        f"tp={tp} x pp={pp} = {tp * pp} does not divide the {world_size} ranks of this run: the "
+        f"data-parallel degree would be {world_size / (tp * pp):g}."
+    )
+    pps = [p for p in range(1, world_size + 1) if world_size % p == 0]
+    if world_size % pp:  # no tp helps: pp itself must divide the ranks
+        return (
+            f"{said} pp={pp} does not divide {world_size}, so no tp fits with it. Use pp in "
+            f"{pps} (a divisor of {world_size}), or a world size that is a multiple of "
+            f"{tp * pp}."
+        )
+    fits = [t for t in range(1, world_size // pp + 1) if world_size % (t * pp) == 0]
+    return f"{said} Use tp in {fits} with pp={pp}, or a world size that is a multiple of {tp * pp}."
 
 
 _current: dict[str, Any] = {}

@@ -13,16 +13,24 @@ keep their full JIT, as on a cluster), generates ``--rows`` rows of 784 float32 
 * (d) ``mlflow.pyfunc.spark_udf`` on the model logged with an input example (its signature);
 * (e) a plain ``pandas_udf`` that unpickles the model for every Arrow batch;
 * (f) for information: Spark's transfer alone, an Arrow UDF that reads the column and returns
-  nulls, the most any Python UDF can reach on this machine.
+  nulls, the most any Python UDF can reach on this machine;
+* (n) the no-Spark limit: EXECUTORS plain processes, pyarrow reading their share of the row
+  groups, the model running on one thread each;
+* the files path (rows never pass through the JVM): (g) ``sparktrain.spark.predict`` as a
+  DataFrame to the ``noop`` sink and (h) the same DataFrame written by Spark's Parquet writer;
+  ``sparktrain.inference.score`` writing Parquet parts itself, (i) on local processes (no Spark)
+  and (j) on Spark's executors.
 
 The models: the seeds' MLP (784-512-256-10) and a 6-layer transformer encoder (the 784 values
 as 16 tokens of 49, width 64, 4 heads, feed-forward 256, mean-pooled to 10 logits; about 25
 times the MLP's arithmetic per row). Every path is timed as a full pass
 (``write.format("noop")``) after one pass that warms the JVMs' JIT and the Python workers; with
 ``--repeat`` the paths are interleaved and the median is shown. Before timing, each path's
-output on the first rows is checked against the model's own. Targets (PASS/MISS): (b) >= 0.7 x
-(a) and (b) >= 1.5 x the best of (c) and (d). Last, the largest peak RSS of Spark's Python
-workers over the run (with ``--paths b``: what scoring holds, whatever the data's size).
+output on the first rows is checked against the model's own ((i), (j): the rows written).
+Targets (PASS/MISS): (b) >= 0.7 x (a) and (b) >= 1.5 x the best of (c) and (d); the files
+path >= 0.8 x (n) and >= 2 x (c), as a DataFrame to ``noop`` (g) and as files (j). Last, the
+largest peak RSS of Spark's Python workers over the run (with ``--paths b``: what scoring
+holds, whatever the data's size).
 
     python benchmarks/inference.py                         # 1,000,000 rows: ~25 min here
     python benchmarks/inference.py --rows 100000 --models mlp      # a smoke test
@@ -34,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import statistics
 import sys
@@ -70,7 +79,8 @@ from train_mlp import make_model
 FEATURES = 784
 NO_SPARK = "(n) no Spark: 2 processes read+run"
 SCORED = "(i) score() -> Parquet, no Spark"
-RANK_PEAKS: list[float] = []  # (i): the largest peak RSS of a rank, each call, in MB
+SCORED_SPARK = "(j) score(backend='spark') -> Parquet"
+RANK_PEAKS: list[float] = []  # (i), (j): the largest peak RSS of a rank, each call, in MB
 EXECUTORS = 2
 FILE_ROWS = 50_000
 
@@ -240,17 +250,37 @@ def plain_processes(model: nn.Module, data: Path, batch: int) -> float:
     return rows / (max(d[2] for d in done) - min(d[1] for d in done))
 
 
-def score_files(model: nn.Module, data: Path, batch: int, out: Path) -> float:
-    """(i): rows/s of ``sparktrain.inference.score`` on EXECUTORS local ranks, no Spark, to
-    Parquet files (the whole call: the ranks' start included)."""
+def score_files(
+    model: nn.Module, data: Path, batch: int, out: Path, backend: str = "local"
+) -> float:
+    """(i), (j): rows/s of ``sparktrain.inference.score`` on EXECUTORS ranks (local processes,
+    or Spark's executors), each rank writing its parts as Parquet itself (the whole call: the
+    ranks' start included)."""
     from sparktrain.inference import score
 
     result = score(
         str(data), model, output=str(out), input_cols="features", keep_cols=["id"],
         batch_size=batch, num_processes=EXECUTORS, overwrite=True, progress=False,
+        backend=backend,
     )  # fmt: skip
     RANK_PEAKS.append(result.peak_rss / 1e6)
+    check_written(out, data, model)
     return result.rows / result.seconds
+
+
+def check_written(out: Path, data: Path, model: nn.Module) -> None:
+    """The parts written hold the model's outputs for the first ids, each once."""
+    import pyarrow.dataset as pads
+
+    first = pads.field("id") < 200
+    written = pads.dataset(str(out), format="parquet").to_table(filter=first).sort_by("id")
+    inputs = pads.dataset(str(data), format="parquet").to_table(filter=first).sort_by("id")
+    assert written["id"].to_pylist() == list(range(200)), f"{out}: ids not each written once"
+    x = torch.tensor(np.array(inputs["features"].to_pylist()), dtype=torch.float32)
+    with torch.inference_mode():
+        expected = model.cpu()(x)
+    got = torch.tensor(np.array(written["prediction"].to_pylist()), dtype=torch.float32)
+    assert torch.allclose(got, expected, atol=1e-4), f"{out}: predictions differ"
 
 
 def paths(
@@ -399,16 +429,6 @@ def run_model(
     log(f"{name}: (a) the limit")
     results = {"(a) limit: forward x executors": limit(model, data, args.batch, args.gpu)}
     wanted = set(args.paths.split(","))
-    if "n" in wanted and not args.gpu:
-        log(f"{name}: (n) plain processes, no Spark")
-        results[NO_SPARK] = statistics.median(
-            plain_processes(model, data, args.batch) for _ in range(args.repeat)
-        )
-    if "i" in wanted and not args.gpu:
-        log(f"{name}: (i) sparktrain.inference.score, no Spark")
-        results[SCORED] = statistics.median(
-            score_files(model, data, args.batch, work / "scored") for _ in range(args.repeat)
-        )
     every = paths(spark, model, args.batch, args.gpu, work)
     ways = {way: make for way, make in every.items() if way[1 : way.index(")")] in wanted}
     if args.gpu:
@@ -419,17 +439,42 @@ def run_model(
             check(way, make(first), model, first)
     log(f"{name}: warm-up pass")
     timed(every["(f) transfer alone"](df))
-    seconds: dict[str, list[float]] = {way: [] for way in ways}
-    for attempt in range(args.repeat):
-        for way, make in ways.items():
+    clock = timers(model, data, args, work, wanted)
+    for way, make in ways.items():
+        parquet = str(work / "out") if "-> Parquet" in way else None
+        clock[way] = functools.partial(spark_rate, make, df, rows, parquet)
+    rates: dict[str, list[float]] = {way: [] for way in clock}
+    for attempt in range(args.repeat):  # every path in turn, Spark's JVMs up for all of them
+        for way, rate in clock.items():
             with GpuUse(args.gpu) as gpu:
-                took = timed(make(df), str(work / "out") if "-> Parquet" in way else None)
-            seconds[way].append(took)
+                value = rate()
+            rates[way].append(value)
             use = f", GPU utilisation {gpu.mean:.0f} %" if gpu.mean is not None else ""
-            log(f"{name} {way} run {attempt + 1}: {took:.1f}s, {rows / took:,.0f} rows/s{use}")
-    for way, took in seconds.items():
-        results[way] = rows / statistics.median(took)
+            log(f"{name} {way} run {attempt + 1}: {rows / value:.1f}s, {value:,.0f} rows/s{use}")
+    for way, values in rates.items():
+        results[way] = statistics.median(values)
     return results
+
+
+def spark_rate(make: Callable[[Any], Any], df: Any, rows: int, parquet: str | None) -> float:
+    """Rows/s of one full pass of a DataFrame path (to ``noop``, or to Parquet)."""
+    return rows / timed(make(df), parquet)
+
+
+def timers(
+    model: nn.Module, data: Path, args: argparse.Namespace, work: Path, wanted: set[str]
+) -> dict[str, Callable[[], float]]:
+    """The paths that take no DataFrame: each a function that runs it once, giving rows/s."""
+    out: dict[str, Callable[[], float]] = {}
+    if "n" in wanted and not args.gpu:
+        out[NO_SPARK] = lambda: plain_processes(model, data, args.batch)
+    if "i" in wanted and not args.gpu:
+        out[SCORED] = lambda: score_files(model, data, args.batch, work / "scored")
+    if "j" in wanted:
+        out[SCORED_SPARK] = lambda: score_files(
+            model, data, args.batch, work / "scored-spark", backend="spark"
+        )
+    return out
 
 
 def workers_peak_mb() -> float:
@@ -461,11 +506,14 @@ def report(tables: dict[str, dict[str, float]], args: argparse.Namespace) -> Non
         plain, batch_udf = table.get(NO_SPARK), table.get("(c) predict_batch_udf")
         noop = table.get("(g) predict, files path -> noop")
         parquet = table.get("(h) predict, files path -> Parquet")
+        files = table.get(SCORED_SPARK)
         for label, value, target in (
             ("(g)/(n): files path, noop", ratio(noop, plain), 0.8),
             ("(g)/(c)", ratio(noop, batch_udf), 2.0),
-            ("(h)/(n): files path, Parquet", ratio(parquet, plain), 0.8),
-            ("(h)/(c)", ratio(parquet, batch_udf), 2.0),
+            ("(j)/(n): files path, Parquet", ratio(files, plain), 0.8),
+            ("(j)/(c)", ratio(files, batch_udf), 2.0),
+            ("(h)/(n): Spark's Parquet writer", ratio(parquet, plain), None),
+            ("(h)/(c)", ratio(parquet, batch_udf), None),
             (
                 "(i)/(n): score(), no Spark",
                 ratio(table.get("(i) score() -> Parquet, no Spark"), plain),
@@ -489,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu", action="store_true", help="one GPU per executor")
     parser.add_argument("--data", default=None, help="folder for the data (kept between runs)")
     parser.add_argument(
-        "--paths", default="a,n,g,h,i,b,b',c,d,e,f", help="paths to time, e.g. n,g,c"
+        "--paths", default="a,n,g,h,i,j,b,b',c,d,e,f", help="paths to time, e.g. n,g,c"
     )
     args = parser.parse_args(argv)
     os.environ.setdefault(BENCH_TAG_VAR, uuid.uuid4().hex)
@@ -514,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
     report(tables, args)
     print(f"\npeak RSS of a Spark Python worker over every path: {peak:,.0f} MB")
     if RANK_PEAKS:
-        print(f"peak RSS of a rank of score() (i): {max(RANK_PEAKS):,.0f} MB")
+        print(f"peak RSS of a rank of score() (i), (j): {max(RANK_PEAKS):,.0f} MB")
     strays, _ = leftover_processes(10.0, exclude=frozenset({os.getpid()}))
     # (n)'s process pool starts Python's resource tracker, which ends with this process.
     strays = {p: c for p, c in strays.items() if "multiprocessing.resource_tracker" not in c}

@@ -10,10 +10,11 @@ Every run is a sequence of attempts (:func:`run_attempts`). What ends an attempt
   backend can run now (:meth:`~sparktrain.driver.backend.Backend.capacity`), if that is at least
   ``min_processes``, and the ranks resume from their latest ``sparktrain.checkpoint``. Fewer is
   a :class:`~sparktrain.errors.CapacityError` at once, never a wait.
-- While an elastic run is short of its full size and ``grow_back`` is on, the driver looks at
-  the capacity every :data:`GROW_CHECK_SECONDS`; once more ranks fit, it asks the ranks to stop
-  at their next checkpoint (:class:`~sparktrain.errors.GrowBack`), and the next attempt runs
-  as many ranks as fit, up to the full size.
+- While an elastic run is short of its full size (after a loss, or from the start when the
+  capacity was short then) and ``grow_back`` is on, the driver looks at the capacity every
+  :data:`~sparktrain.driver.capacity.GROW_CHECK_SECONDS`; once more ranks fit, it asks the
+  ranks to stop at their next checkpoint (:class:`~sparktrain.errors.GrowBack`), and the next
+  attempt runs as many ranks as fit, up to the full size.
 
 Each change of size is a :class:`Rescale` in ``RunResult.rescales``, one line on stderr (with
 the checkpoint step that rank 0 resumed from, once it reports it), and a ``world_size`` metric

@@ -102,6 +102,13 @@ def elastic_train(data_dir: str, ckpt_dir: str, log_dir: str, step_seconds: floa
     return {"world": world, "accumulate": accumulate, "rescaled": seen, "step": step}
 
 
+def data_and_logs(tmp_path: Path) -> tuple[str, Path]:
+    """The epoch's rows, and an empty folder for the ranks' logs of the ids they trained on."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    return write_rows(tmp_path / "data"), logs
+
+
 def committed_ids(log_dir: Path) -> list[int]:
     """The ids trained on, each attempt counted up to the step the next one resumed from."""
     starts = sorted(log_dir.glob("attempt*-start.txt"), key=lambda p: int(p.name[7:-10]))
@@ -120,9 +127,7 @@ def committed_ids(log_dir: Path) -> list[int]:
 def test_a_lost_node_shrinks_the_run_and_a_returned_one_grows_it(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    data_dir = write_rows(tmp_path / "data")
-    logs = tmp_path / "logs"
-    logs.mkdir()
+    data_dir, logs = data_and_logs(tmp_path)
     cluster = LocalCluster(nodes=2)
     events: list[str] = []
 
@@ -169,9 +174,7 @@ def test_a_node_gone_silent_is_lost_within_the_heartbeat_timeout(
 ) -> None:
     """A frozen node (every process SIGSTOPped: as a machine that hangs, or that the network cut
     off) closes nothing: only the missing heartbeats tell. The run shrinks within the bound."""
-    data_dir = write_rows(tmp_path / "data")
-    logs = tmp_path / "logs"
-    logs.mkdir()
+    data_dir, logs = data_and_logs(tmp_path)
     cluster = LocalCluster(nodes=2)
     frozen: list[float] = []
 
@@ -203,9 +206,7 @@ def test_an_elastic_run_starts_on_what_is_there_and_grows(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """Capacity short at the start: the run begins on the node that is up and grows back."""
-    data_dir = write_rows(tmp_path / "data")
-    logs = tmp_path / "logs"
-    logs.mkdir()
+    data_dir, logs = data_and_logs(tmp_path)
     cluster = LocalCluster(nodes=2)
     assert cluster.kill_node(1) is None and cluster.nodes_up == [0]  # down before the run
     added: list[int] = []

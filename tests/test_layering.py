@@ -83,15 +83,21 @@ def _modules() -> list[str]:
     return sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py"))
 
 
-def _module_role(name: str) -> str | None:
-    """The role of a dotted ``sparktrain...`` name (a module, or a name inside one)."""
+def _module_file(name: str) -> str | None:
+    """The module (relative to the package) of a dotted ``sparktrain...`` name."""
     parts = name.split(".")[1:]
     while parts:
         for candidate in ("/".join(parts) + ".py", "/".join(parts) + "/__init__.py"):
             if (PACKAGE / candidate).exists():
-                return role_of(candidate)
+                return candidate
         parts = parts[:-1]
-    return role_of("__init__.py") if name == "sparktrain" else None
+    return "__init__.py" if name == "sparktrain" else None
+
+
+def _module_role(name: str) -> str | None:
+    """The role of a dotted ``sparktrain...`` name (a module, or a name inside one)."""
+    found = _module_file(name)
+    return role_of(found) if found else None
 
 
 def _is_package(name: str) -> bool:
@@ -184,3 +190,56 @@ def test_result_types_load_no_fork_server_code() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[] 0"
+
+
+#: Where each role stands on farm-studio's whiteboard ([column, row]) and what it says there.
+BOARD: dict[str, tuple[tuple[int, int], str]] = {
+    "face": ((2, 0), "front doors: launch, CLI, compat, tune, Spark ML, inference"),
+    "driver": ((0, 2), "the caller's process: attempt loop, backends, follow"),
+    "plan": ((5, 3), "layout, options, entrypoint: pure values"),
+    "node": ((0, 5), "one per machine: runner, agent, fork server"),
+    "rank": ((3, 3), "inside the training function: strategies, data, scoring"),
+    "contract": ((5, 5), "the wire: channel, spec, report, env, paths"),
+    "planner": ((1, 7), "memory planner, pure arithmetic"),
+    "ground": ((3, 7), "errors, /proc, the build lock"),
+}
+
+
+def whiteboard() -> dict[str, object]:
+    """farm-studio's whiteboard (``../shared/roles-whiteboard.json``) drawn from these rules:
+    a part per role, the arrows the import statements have today, a never per forbidden import.
+    ``python tests/test_layering.py > /tmp/studio/wb.json`` writes it."""
+    prefix = "src/sparktrain/"
+    allowed = {module for module, _ in ALLOWED}
+
+    def part(module: str) -> str:
+        return "Allowed" if module in allowed else role_of(module).capitalize()
+
+    imports = [(m, _module_file(n)) for m in _modules() for n in _imported(PACKAGE / m)]
+    arrows = {(part(m), part(f)) for m, f in imports if f and part(f) != part(m)}
+    parts = {
+        role.capitalize(): {
+            "is": [prefix + e for e in entries if e != "py.typed"],
+            "says": BOARD[role][1],
+            "at": list(BOARD[role][0]),
+        }
+        for role, entries in ROLES.items()
+    }
+    parts["Allowed"] = {  # the modules whose crossings ALLOWED names stand on a part of their own
+        "is": sorted(prefix + module for module in allowed),
+        "says": "crossings on purpose: test_layering's ALLOWED",
+        "at": [4, 0],
+    }
+    return {
+        "parts": parts,
+        "arrows": sorted([a, b] for a, b in arrows),
+        "never": [
+            [role.capitalize(), other.capitalize(), f"test_layering: {role} never imports {other}"]
+            for role, others in FORBIDDEN.items()
+            for other in others
+        ],
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(whiteboard(), indent=1))

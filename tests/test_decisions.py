@@ -33,8 +33,8 @@ from sparktrain.driver.backend import Attempt, Backend, Nodes, Polled
 from sparktrain.driver.capacity import watch_capacity
 from sparktrain.driver.elastic import run_attempts
 from sparktrain.driver.monitor import Monitor
-from sparktrain.driver.results import RunResult, finish
-from sparktrain.errors import CapacityError, GrowBack, RankFailure, StackSite
+from sparktrain.driver.results import GrowingBack, RunResult, finish
+from sparktrain.errors import CapacityError, RankFailure, StackSite
 from sparktrain.launchplan.layout import LaunchPlan, make_plan
 from sparktrain.launchplan.options import RunOptions
 from sparktrain.launchplan.topology import Topology
@@ -52,7 +52,7 @@ def _report(node: int, ranks: tuple[int, ...], **fields: object) -> NodeReport:
     )  # fmt: skip
 
 
-def _finish(reports: list[NodeReport], **kwargs: object) -> RunResult:
+def _finish(reports: list[NodeReport], **kwargs: object) -> RunResult | GrowingBack:
     return finish(reports, world_size=4, timeout=9.0, duration=1.0, hang_timeout=5.0, **kwargs)  # type: ignore[arg-type]
 
 
@@ -190,16 +190,18 @@ class FakeBackend(Backend):
 
 
 def _attempts(
-    *outcomes: BaseException | None, backend: FakeBackend | None = None, lose: int = 0
+    *outcomes: BaseException | GrowingBack | None, backend: FakeBackend | None = None, lose: int = 0
 ) -> tuple[list[tuple[int, int]], object]:
     """An attempt function that ends as ``outcomes`` say; a loss takes ``lose`` ranks away."""
     seen: list[tuple[int, int]] = []
 
-    def attempt(plan: LaunchPlan, number: int) -> RunResult:
+    def attempt(plan: LaunchPlan, number: int) -> RunResult | GrowingBack:
         seen.append((number, plan.world_size))
         outcome = outcomes[number]
+        if isinstance(outcome, GrowingBack):
+            return outcome
         if outcome is not None:
-            if backend is not None and not isinstance(outcome, GrowBack):
+            if backend is not None:
                 backend.free -= lose
             raise outcome
         return RunResult({0: "ok"}, plan.world_size, 1.0)
@@ -333,9 +335,10 @@ def test_rescales_are_bounded() -> None:
 
 def test_growing_back_relays_out_at_what_fits() -> None:
     backend = FakeBackend(4)
-    seen, attempt = _attempts(ClusterError("lost"), GrowBack(), None, backend=backend, lose=2)
+    grow = GrowingBack(2, 1.0)
+    seen, attempt = _attempts(ClusterError("lost"), grow, None, backend=backend, lose=2)
 
-    def grown(plan: LaunchPlan, number: int) -> RunResult:
+    def grown(plan: LaunchPlan, number: int) -> RunResult | GrowingBack:
         if number == 1:
             backend.free = 4  # capacity returned while the small run trained
         return attempt(plan, number)  # type: ignore[operator, no-any-return]
@@ -371,8 +374,7 @@ def test_the_grow_watch_asks_once_when_more_fits(monkeypatch: pytest.MonkeyPatch
 def test_finish_turns_every_rank_stopping_to_grow_into_grow_back() -> None:
     grow = RankFailure(0, "h", 1.0, "sparktrain.errors.GrowBack", "checkpoint step 4 is saved")
     other = dataclasses.replace(grow, rank=1)
-    with pytest.raises(GrowBack):
-        _finish([_report(0, (0, 1), failures={0: grow, 1: other})])
+    assert _finish([_report(0, (0, 1), failures={0: grow, 1: other})]) == GrowingBack(4, 1.0)
     with pytest.raises(TrainingFailedError):  # a real failure beside it wins
         _finish([_report(0, (0, 1), failures={0: grow, 1: _failure(1, 0.5, "boom")})])
 
@@ -380,8 +382,7 @@ def test_finish_turns_every_rank_stopping_to_grow_into_grow_back() -> None:
 def test_growing_survives_peers_that_saw_the_others_leave() -> None:
     grow = RankFailure(0, "h", 1.0, "sparktrain.errors.GrowBack", "checkpoint step 4 is saved")
     reset = RankFailure(1, "h", 1.1, "RuntimeError", "[gloo] Connection reset by peer")
-    with pytest.raises(GrowBack):
-        _finish([_report(0, (0, 1), failures={0: grow, 1: reset})])
+    assert isinstance(_finish([_report(0, (0, 1), failures={0: grow, 1: reset})]), GrowingBack)
 
 
 def test_a_crash_is_the_training_codes_and_a_kill_from_outside_is_not() -> None:

@@ -1,6 +1,7 @@
 """A run's attempts: restarts after failures, and, for an elastic run, shrinking and growing.
 
-Every run is a sequence of attempts (:func:`run_attempts`). What ends an attempt decides the next:
+Every run is a sequence of attempts (:func:`run_attempts`). How an attempt ended decides the next
+(:func:`sparktrain.launchplan.policy.decide`, pure values; this module carries it out):
 
 - A Python exception raised by the training code is a bug. The run fails, or, with
   ``max_restarts=K``, starts again at the same size up to K times.
@@ -13,7 +14,8 @@ Every run is a sequence of attempts (:func:`run_attempts`). What ends an attempt
 - While an elastic run is short of its full size (after a loss, or from the start when the
   capacity was short then) and ``grow_back`` is on, the driver looks at the capacity every
   :data:`~sparktrain.driver.capacity.GROW_CHECK_SECONDS`; once more ranks fit, it asks the
-  ranks to stop at their next checkpoint (:class:`~sparktrain.errors.GrowBack`), and the next
+  ranks to stop at their next checkpoint (:class:`~sparktrain.errors.GrowBack` in the ranks,
+  :class:`~sparktrain.driver.results.GrowingBack` here: a value, not an error), and the next
   attempt runs as many ranks as fit, up to the full size.
 
 Each change of size is a :class:`Rescale` in ``RunResult.rescales``, one line on stderr (with
@@ -31,19 +33,15 @@ from typing import Literal
 from sparktrain.driver.backend import Backend
 from sparktrain.driver.capacity import fit
 from sparktrain.driver.monitor import Monitor, say
-from sparktrain.driver.results import LOST_NODE, Rescale, RunResult
-from sparktrain.errors import (
-    ClusterConfigError,
-    ClusterError,
-    GrowBack,
-    TrainingFailedError,
-    TrainingTimeoutError,
-    failed_forming_group,
-)
+from sparktrain.driver.results import LOST_NODE, GrowingBack, Rescale, RunResult
+from sparktrain.errors import ClusterConfigError, ClusterError, TrainingFailedError
 from sparktrain.launchplan.layout import LaunchPlan
 from sparktrain.launchplan.options import RunOptions
+from sparktrain.launchplan.policy import Decision, Ended, Tally, decide, ended_by
 
-Attempt = Callable[[LaunchPlan, int], RunResult]
+Attempt = Callable[[LaunchPlan, int], "RunResult | GrowingBack"]
+#: The errors that end an attempt (any other is raised as it is: bad input, Ctrl-C).
+ENDINGS = (TrainingFailedError, ClusterError, ClusterConfigError)
 
 
 def run_attempts(
@@ -59,13 +57,16 @@ def run_attempts(
 ) -> RunResult:
     """Run attempts of ``plan`` until one succeeds, the restarts are used up, or capacity ends.
 
+    After each attempt, :func:`~sparktrain.launchplan.policy.decide` says what comes next; this
+    loop carries it out (asking the backend how far to shrink or grow) and says it on stderr.
+
     Args:
         backend: Where the nodes run (asked for its capacity by elastic runs).
         plan: The first attempt's layout (the full size, unless an elastic run started short:
             :func:`~sparktrain.driver.capacity.first_layout`).
         options: The run's policy (``max_restarts``, ``min_processes``, ``grow_back``...).
         attempt: Runs one attempt of a layout (``attempt(plan, number)``) and returns its
-            result or raises its error.
+            result (or :class:`GrowingBack`) or raises its error.
         monitor: The run's monitor (rank 0's resume report completes a rescale's record).
         name: What the caller's front door calls the number of ranks, for messages.
         on_start: Called before each attempt with its layout and number (MLflow's metric).
@@ -76,22 +77,18 @@ def run_attempts(
     while True:
         if on_start is not None:
             on_start(run.current, run.number)
+        error: BaseException | None = None
         try:
-            result = attempt(run.current, run.number)
-            return dataclasses.replace(result, attempts=run.number + 1, rescales=run.log.done())
-        except GrowBack:
-            run.grow()
-        except TrainingTimeoutError:
-            raise
-        except ClusterConfigError as error:
-            # After a rescale, the capacity went again between the sizing and the start.
-            entries = run.log.entries
-            if not (options.elastic and entries) or len(entries) >= options.max_rescales:
-                raise
-            run.shrink(_first(error))
-        except (TrainingFailedError, ClusterError) as error:
-            if not run.recover(error):
-                raise
+            outcome = attempt(run.current, run.number)
+        except ENDINGS as caught:
+            error, outcome = caught, None
+        if isinstance(outcome, RunResult):
+            return dataclasses.replace(outcome, attempts=run.number + 1, rescales=run.log.done())
+        ended = ended_by(error, run.current.world_size) if error else run.grow_back()
+        decision = decide(ended, run.tally(), options)
+        if not run.carry_out(decision, error):
+            assert error is not None
+            raise error
         run.number += 1
 
 
@@ -106,12 +103,39 @@ class _Attempts:
     log: _Rescales
     name: str
     number: int = 0
-    restarts: int = 0
-    forming: set[int] = dataclasses.field(default_factory=set)  # sizes that failed to form once
+    # restarts and the sizes that failed to form a group (the rescales are the log's)
+    used: Tally = dataclasses.field(default_factory=Tally)
     current: LaunchPlan = dataclasses.field(init=False)  # the next attempt's layout
 
     def __post_init__(self) -> None:
         self.current = self.plan
+
+    def tally(self) -> Tally:
+        return dataclasses.replace(self.used, rescales=len(self.log.entries))
+
+    def grow_back(self) -> Ended:
+        return Ended("grow back", self.current.world_size)
+
+    def carry_out(self, decision: Decision, error: BaseException | None) -> bool:
+        """Do what ``decision`` says; ``False`` when the run ends with ``error`` (said first)."""
+        self.used = decision.tally
+        if decision.action == "grow":
+            self.grow()
+        elif decision.action == "shrink":
+            assert error is not None
+            self.shrink(_first(error) if isinstance(error, ClusterConfigError) else _loss(error))
+        elif decision.action == "restart":
+            assert error is not None
+            say(
+                f"sparktrain: {_first(error)}; restarting every rank "
+                f"(attempt {self.used.restarts + 1} of {self.options.max_restarts + 1})",
+                self.log.monitor,
+            )
+        else:
+            assert error is not None
+            self.give_up(decision, error)
+            return False
+        return True
 
     def shrink(self, why: str) -> None:
         """Go on with as many ranks as fit now, after a loss."""
@@ -130,57 +154,24 @@ class _Attempts:
             self.log.add("grew", _grown(current, bigger), current, bigger, ended)
         self.current = bigger
 
-    def recover(self, error: TrainingFailedError | ClusterError) -> bool:
-        """Shrink or restart after ``error``; ``False`` when it ends the run (say why first)."""
-        options, monitor, size = self.options, self.log.monitor, self.current.world_size
-        if isinstance(error, TrainingFailedError) and repeated_setup_fault(
-            error, size, self.forming
-        ):
+    def give_up(self, decision: Decision, error: BaseException) -> None:
+        """Say why the run ends with ``error``, and count its attempts in it."""
+        monitor, size = self.log.monitor, self.current.world_size
+        if isinstance(error, TrainingFailedError) and decision.reason != "final":
             error.attempts = self.number + 1
+        if decision.reason == "set-up":
             say(
                 "sparktrain: the ranks failed to connect while their process group formed, "
                 f"twice at {size} rank(s) with every node there: that is the network's set-up, "
                 "not a lost node; not restarting or rescaling",
                 monitor,
             )
-            return False
-        lost = options.elastic and error.cause == "infrastructure"
-        if lost and len(self.log.entries) < options.max_rescales:
-            self.shrink(_loss(error))
-        elif self.restarts < options.max_restarts:
-            self.restarts += 1
+        elif decision.reason == "rescales used":
             say(
-                f"sparktrain: {_first(error)}; restarting every rank "
-                f"(attempt {self.restarts + 1} of {options.max_restarts + 1})",
+                f"sparktrain: elastic: not going on: the run already changed size "
+                f"{len(self.log.entries)} time(s), max_rescales={self.options.max_rescales}",
                 monitor,
             )
-        else:
-            if isinstance(error, TrainingFailedError):
-                error.attempts = self.number + 1
-            if lost:
-                say(
-                    f"sparktrain: elastic: not going on: the run already changed size "
-                    f"{len(self.log.entries)} time(s), max_rescales={options.max_rescales}",
-                    monitor,
-                )
-            return False
-        return True
-
-
-def repeated_setup_fault(error: TrainingFailedError, size: int, seen: set[int]) -> bool:
-    """Whether ``error`` failed to form the process group a second time at ``size`` ranks.
-
-    Such a failure (a connection refused in ``init_process_group``, every node still there) is
-    noted in ``seen`` the first time, which may be a passing fault; the second time at the same
-    size it is the set-up (a host name resolving to loopback, a firewall), which no restart and
-    no rescale mends.
-    """
-    if error.culprit is None or not failed_forming_group(error.culprit):
-        return False
-    if size in seen:
-        return True
-    seen.add(size)
-    return False
 
 
 class _Rescales:
@@ -220,7 +211,7 @@ class _Rescales:
         return tuple(self.entries)
 
 
-def _loss(error: TrainingFailedError | ClusterError) -> str:
+def _loss(error: BaseException) -> str:
     """What was lost, in a few words: the node and how, or the rank and how it died."""
     if isinstance(error, TrainingFailedError) and error.culprit is not None:
         culprit = error.culprit

@@ -26,7 +26,7 @@ from sparktrain.driver.capacity import first_layout, watch_capacity
 from sparktrain.driver.elastic import run_attempts
 from sparktrain.driver.follow import follow
 from sparktrain.driver.monitor import Monitor
-from sparktrain.driver.results import RunResult, finish
+from sparktrain.driver.results import GrowingBack, RunResult, finish
 from sparktrain.launchplan.entrypoint import Entrypoint, make_entrypoint
 from sparktrain.launchplan.front import LAUNCH, FrontDoor
 from sparktrain.launchplan.layout import LaunchPlan
@@ -139,7 +139,7 @@ class PreparedLaunch:
         extra_env: dict[str, str] | None,
         data_uri: str | None,
         monitor: Monitor,
-    ) -> RunResult:
+    ) -> RunResult | GrowingBack:
         started = time.monotonic()
         options = self.options
         target = self.target if options.elastic else None

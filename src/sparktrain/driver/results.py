@@ -29,6 +29,19 @@ LOST_NODE = "the run lost a node (the infrastructure failed, not a rank's code):
 
 
 @dataclass(frozen=True)
+class GrowingBack:
+    """An attempt whose ranks all stopped at a checkpoint to grow back: no error, no result.
+
+    Attributes:
+        world_size: The attempt's ranks.
+        duration: Seconds the attempt took.
+    """
+
+    world_size: int
+    duration: float
+
+
+@dataclass(frozen=True)
 class Rescale:
     """One change of an elastic run's size.
 
@@ -115,12 +128,13 @@ def finish(
     duration: float,
     hang_timeout: float | None = None,
     stopped: bool = False,
-) -> RunResult:
+) -> RunResult | GrowingBack:
     """Merge every node's report into the caller's result, or raise the run's one error.
 
     The decision, in order: ranks not started (bad setup on a node, every node agreeing) is a
     :class:`ConfigError`; a node lost is a :class:`ClusterError`; a stop the caller asked for
-    is a result marked ``stopped``; a rank's own failure is a :class:`TrainingFailedError`
+    is a result marked ``stopped``; ranks that stopped at a checkpoint to grow back are
+    :class:`GrowingBack`; a rank's own failure is a :class:`TrainingFailedError`
     naming the culprit and the victims; then a hang, then a timeout; else the values.
 
     Args:
@@ -146,7 +160,7 @@ def finish(
         # on other nodes may fail with a connection error first. Those are victims, not causes.
         failures = {r: f for r, f in failures.items() if not _secondary(f)}
     if _growing(failures):
-        raise GrowBack("the ranks stopped at a checkpoint to grow back")
+        return GrowingBack(world_size, duration)
     if failures:
         culprit = culprit_of(failures)
         victims = {r for report in reports for r in report.stopped}

@@ -1,0 +1,141 @@
+"""What a run does after each attempt, as values: from how the attempt ended to the next step.
+
+The attempt loop (:func:`sparktrain.driver.elastic.run_attempts`) runs an attempt, describes how
+it ended as an :class:`Ended`, and asks :func:`decide`, which answers with a :class:`Decision`:
+return the result, restart at the same size, shrink to what fits, grow back, or raise. No
+process, backend or clock is involved here (as Ray Train v2's failure and scaling policies), so
+every case is unit-tested on its own (``tests/test_policy.py``); how far to shrink or grow is the
+backend's answer (:mod:`sparktrain.driver.capacity`), not a decision.
+
+The rules, in order:
+
+1. A result is returned; ranks that stopped at a checkpoint to grow back grow.
+2. A timeout is raised: the run had its time.
+3. The capacity gone between an elastic run's sizing and its start shrinks again, while the run
+   has rescaled before and has rescales left; otherwise it is raised.
+4. A failure to form the process group, a second time at the same size, is the network's
+   set-up: raised, since no restart or rescale mends it.
+5. A loss of infrastructure in an elastic run shrinks, while rescales are left
+   (``max_rescales``).
+6. Anything else restarts at the same size while ``max_restarts`` allows; then it is raised.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from sparktrain.errors import (
+    ClusterConfigError,
+    ClusterError,
+    TrainingFailedError,
+    TrainingTimeoutError,
+    failed_forming_group,
+)
+from sparktrain.launchplan.options import RunOptions
+
+#: How an attempt ended.
+Kind = Literal["finished", "grow back", "failed", "capacity went", "timed out"]
+#: What the run does next.
+Action = Literal["return", "grow", "shrink", "restart", "raise"]
+#: Why a run ends with its error: the error cannot be retried, the set-up fails the same way
+#: twice, or the rescales or restarts are used up.
+Reason = Literal["", "final", "set-up", "rescales used", "restarts used"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Ended:
+    """How one attempt ended.
+
+    Attributes:
+        kind: Finished with a result, stopped to grow back, failed, could not start for want
+            of the capacity it was sized for, or timed out.
+        size: The attempt's number of ranks.
+        cause: For a failure: ``"training code"`` or ``"infrastructure"``
+            (:attr:`~sparktrain.errors.TrainingFailedError.cause`).
+        forming: The failure happened while the ranks' process group formed (a connection
+            refused in ``init_process_group``).
+    """
+
+    kind: Kind
+    size: int
+    cause: str | None = None
+    forming: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Tally:
+    """What the run has used so far.
+
+    Attributes:
+        restarts: Restarts at the same size (``max_restarts`` bounds them).
+        rescales: Changes of size, losses and growths (``max_rescales`` bounds them).
+        forming: The sizes at which the process group failed to form once.
+    """
+
+    restarts: int = 0
+    rescales: int = 0
+    forming: frozenset[int] = frozenset()
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """What to do after an attempt, and the tally after doing it.
+
+    Attributes:
+        action: ``"return"`` the result, ``"grow"`` or ``"shrink"`` to what fits, ``"restart"``
+            at the same size, or ``"raise"`` the attempt's error.
+        tally: The counters with this decision counted (a rescale is counted by the loop once
+            the backend said the new size, since a growth that finds nothing more is none).
+        reason: For ``"raise"``: why the run ends.
+    """
+
+    action: Action
+    tally: Tally
+    reason: Reason = ""
+
+
+def decide(ended: Ended, tally: Tally, options: RunOptions) -> Decision:
+    """The next step after ``ended``, given what the run used (``tally``) and its ``options``."""
+    if ended.kind == "finished":
+        return Decision("return", tally)
+    if ended.kind == "grow back":
+        return Decision("grow", tally)
+    if ended.kind == "timed out":
+        return Decision("raise", tally, "final")
+    rescales_left = tally.rescales < options.max_rescales
+    if ended.kind == "capacity went":
+        again = options.elastic and tally.rescales > 0 and rescales_left
+        return Decision("shrink", tally) if again else Decision("raise", tally, "final")
+    if ended.forming:
+        if ended.size in tally.forming:
+            return Decision("raise", tally, "set-up")
+        tally = dataclasses.replace(tally, forming=tally.forming | {ended.size})
+    lost = options.elastic and ended.cause == "infrastructure"
+    if lost and rescales_left:
+        return Decision("shrink", tally)
+    if tally.restarts < options.max_restarts:
+        return Decision("restart", dataclasses.replace(tally, restarts=tally.restarts + 1))
+    return Decision("raise", tally, "rescales used" if lost else "restarts used")
+
+
+def ended_by(error: BaseException, size: int) -> Ended:
+    """How an attempt of ``size`` ranks that raised ``error`` ended.
+
+    Raises:
+        BaseException: ``error`` itself, when it is none of an attempt's endings (a
+            ``ConfigError`` from bad input, ``KeyboardInterrupt``): no decision applies to it.
+    """
+    if isinstance(error, TrainingTimeoutError):
+        return Ended("timed out", size)
+    if isinstance(error, ClusterConfigError):
+        return Ended("capacity went", size)
+    if isinstance(error, TrainingFailedError):
+        forming = error.culprit is not None and failed_forming_group(error.culprit)
+        return Ended("failed", size, error.cause, forming)
+    if isinstance(error, ClusterError):
+        return Ended("failed", size, error.cause)
+    raise error
+
+
+__all__ = ["Action", "Decision", "Ended", "Kind", "Reason", "Tally", "decide", "ended_by"]

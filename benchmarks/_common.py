@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import os
+import shutil
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,6 +22,35 @@ BENCH_TAG_VAR = "SPARKTRAIN_BENCH_TAG"
 def log(message: str) -> None:
     """Progress line on stderr (the table goes to stdout)."""
     print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+def make_venv(
+    venv: Path, installs: list[list[str]], check: str, env: dict[str, str] | None = None
+) -> dict[str, str]:
+    """Make (or reuse) a rival's venv: ``{"python": ...}``, or ``{"error": ...}`` with pip's text.
+
+    ``installs`` are pip calls in order; a venv whose python runs ``check`` is reused as it is.
+    """
+    python = venv / "bin" / "python"
+    tried = [str(python), "-c", check]
+    if python.exists() and subprocess.run(tried, capture_output=True, check=False).returncode == 0:
+        return {"python": str(python)}
+    shutil.rmtree(venv, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    for packages in installs:
+        done = subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", *packages],
+            check=False,
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+        if done.returncode != 0:
+            return {"error": f"pip install {' '.join(packages)}: {done.stderr.strip()[-800:]}"}
+    found = subprocess.run(tried, capture_output=True, text=True, check=False)
+    if found.returncode != 0:
+        return {"error": found.stderr.strip().splitlines()[-1]}
+    return {"python": str(python)}
 
 
 def version_of(dist_name: str) -> str:

@@ -34,12 +34,13 @@ import json
 import multiprocessing
 import os
 import shutil
-import subprocess
 import sys
 import time
 import traceback
 from pathlib import Path
 from typing import Any
+
+from _common import make_venv
 
 VENVS = Path.home() / ".cache" / "sparktrain-bench" / "venvs"
 INSTALL = {
@@ -56,31 +57,11 @@ FEATURES = 784
 
 def setup(name: str) -> dict[str, Any]:
     """Make (or reuse) the rival's venv; its python, or the exact error."""
-    venv = VENVS / name
-    python = venv / "bin" / "python"
-    check = [str(python), "-c", CHECK[name]]
-    if python.exists() and subprocess.run(check, capture_output=True, check=False).returncode == 0:
-        return {"python": str(python)}
-    shutil.rmtree(venv, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     env = dict(os.environ)
     if name == "mosaic":  # the PyPI torch that matches PyPI's torchvision, not the local wheel
         env.update(PIP_CONFIG_FILE="/dev/null", PIP_CONSTRAINT="")
         env.pop("PIP_FIND_LINKS", None)
-    for packages in INSTALL[name]:
-        done = subprocess.run(
-            [str(python), "-m", "pip", "install", "-q", *packages],
-            check=False,
-            capture_output=True,
-            text=True,
-            env=env,
-        )
-        if done.returncode != 0:
-            return {"error": f"pip install {' '.join(packages)}: {done.stderr.strip()[-800:]}"}
-    tried = subprocess.run(check, capture_output=True, text=True, check=False)
-    if tried.returncode != 0:
-        return {"error": tried.stderr.strip().splitlines()[-1]}
-    return {"python": str(python)}
+    return make_venv(VENVS / name, INSTALL[name], CHECK[name], env)
 
 
 def _memory() -> tuple[float, float]:

@@ -153,15 +153,16 @@ def run_once(python: str, data_dir: str, work: Path, heartbeat_ms: int, limit: f
         for group in (0, 1):
             command = [python, str(Path(__file__).resolve()), "--worker", str(group), data_dir]
             command += [str(logs), address, str(STEP_SECONDS)]
-            groups.append(
-                subprocess.Popen(
-                    command,
-                    cwd=HERE,
-                    stdout=subprocess.DEVNULL,
-                    stderr=open(work / f"group{group}.err", "wb"),  # noqa: SIM115
-                    start_new_session=True,
+            with open(work / f"group{group}.err", "wb") as err:  # the child keeps its copy
+                groups.append(
+                    subprocess.Popen(
+                        command,
+                        cwd=HERE,
+                        stdout=subprocess.DEVNULL,
+                        stderr=err,
+                        start_new_session=True,
+                    )
                 )
-            )
         deadline = time.monotonic() + limit
         first = logs / f"group0-{groups[0].pid}.txt"
         while killed_at is None and time.monotonic() < deadline:

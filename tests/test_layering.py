@@ -196,7 +196,7 @@ def test_result_types_load_no_fork_server_code() -> None:
 BOARD: dict[str, tuple[tuple[int, int], str]] = {
     "face": ((2, 0), "front doors: launch, CLI, compat, tune, Spark ML, inference"),
     "driver": ((0, 2), "the caller's process: attempt loop, backends, follow"),
-    "plan": ((5, 3), "layout, options, entrypoint: pure values"),
+    "plan": ((5, 3), "layout, options, policy: pure values"),
     "node": ((0, 5), "one per machine: runner, agent, fork server"),
     "rank": ((3, 3), "inside the training function: strategies, data, scoring"),
     "contract": ((5, 5), "the wire: channel, spec, report, env, paths"),

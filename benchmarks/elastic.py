@@ -24,11 +24,17 @@ Measured from the per-rank step logs, for each side:
 * duplicated and lost samples: the ids committed (each attempt counted up to the step the next
   one resumed from) against the dataset's.
 
+Then the same loop kept in place (``launch(..., in_place=True)``, ``sparktrain.elastic.in_place``:
+no checkpoint; the survivors keep their model, optimizer and data in memory): node 1 SIGKILLed
+at the same step, and, as a preemption notice, ``sparktrain.preempt(1)`` there instead. Last,
+the steady-state step of ``InPlace`` against DDP (``benchmarks/inplace_step.py``;
+``--no-step-cost`` leaves it out).
+
 Third, torchft on the same loop (``benchmarks/elastic_torchft.py``: two replica groups, the
 second SIGKILLed at the same step, the lighthouse's heartbeat timeout at 1,000 ms and at its
 default), in its own venv made on first use (``--no-torchft`` leaves it out).
 
-    python benchmarks/elastic.py               # 3 runs a side, about 6 minutes on 2 cores
+    python benchmarks/elastic.py               # 3 runs a side, about 8 minutes on 2 cores
     python benchmarks/elastic.py --repeat 1    # one run a side
 
 Every run has a wall-clock limit (``--limit``); whatever a run started is killed at its end, and
@@ -58,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 import elastic_torchft
+import inplace_step
 from _common import (
     BENCH_TAG_VAR,
     fmt,
@@ -76,6 +83,7 @@ BATCH = 4
 EVERY = 5  # steps between checkpoints
 KILL_STEP = 8  # 3 steps after the checkpoint of step 5
 STEP_SECONDS = 0.1
+GROW_STEP_SECONDS = 0.4  # the grow side: the epoch outlasts a joiner's start (3-4 s here)
 TARGET_RATIO = 3.0
 IN_PLACE_RECOVERY_S = 0.5  # issue 32: kill -> next committed step, survivors kept in place
 
@@ -141,6 +149,40 @@ def train(data_dir: str, ckpt_dir: str, log_dir: str, step_seconds: float) -> in
     return step
 
 
+def train_in_place(data_dir: str, log_dir: str, step_seconds: float) -> dict[str, int]:
+    """The same loop kept in place (issue 32, branch): no checkpoint; the survivors go on."""
+    import torch
+    from torch import nn
+
+    import sparktrain
+    from sparktrain.data import from_parquet
+
+    torch.manual_seed(0)
+    net = nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
+
+    def make_data(rank: int, world: int) -> Any:
+        return from_parquet(data_dir, batch_size=BATCH, seed=3, rank=rank, world_size=world)
+
+    run = sparktrain.elastic.in_place(net, optimizer, make_data)
+    path = Path(log_dir, f"attempt0-rank{run.me}-{os.getpid()}.txt")
+    with path.open("a") as out:
+        out.write("resume 0\n")
+        for batch in run.batches():
+            loss = (net(batch["x"][:, None]) ** 2).mean()
+            loss.backward()
+            world = run.world_size
+            ids = " ".join(str(int(i)) for i in batch["id"])
+            out.write(f"pending {run.steps + 1} {world} {ids}\n")  # a kill may come before
+            out.flush()  # the line below: the step counts if a peer committed it at this size
+            if run.step():
+                out.write(f"{run.steps} {time.time():.6f} {world} {ids}\n")
+                out.flush()
+            sparktrain.report(step=run.steps, world=run.world_size)
+            time.sleep(step_seconds)
+    return {"steps": run.steps, "dropped": run.dropped}
+
+
 def write_rows(folder: Path) -> str:
     import numpy as np
     import pyarrow as pa
@@ -170,12 +212,17 @@ class Trial:
     resumed: list[int] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     extra: str = ""
+    heal_s: float | None = None  # in place, grow: the node added -> the joiner's first step
+    checkpoint_files: int | None = None
 
 
 @dataclass
 class Attempt:
     resumed: int = 0
     steps: list[tuple[int, float, int, list[int]]] = field(default_factory=list)
+    #: In place: steps a rank reduced but did not log as committed (step, world, ids, log).
+    unlogged: list[tuple[int, int, list[int], str]] = field(default_factory=list)
+    by_log: dict[str, list[tuple[int, float, int, list[int]]]] = field(default_factory=dict)
 
 
 def read_logs(log_dir: Path) -> dict[int, Attempt]:
@@ -183,14 +230,49 @@ def read_logs(log_dir: Path) -> dict[int, Attempt]:
     for path in sorted(log_dir.glob("attempt*-rank*-*.txt")):
         number = int(path.name.split("-")[0].removeprefix("attempt"))
         attempt = attempts.setdefault(number, Attempt())
+        mine = attempt.by_log.setdefault(path.name, [])
+        pending: tuple[int, int, list[int], str] | None = None
         for line in path.read_text().splitlines():
             head, *rest = line.split()
             if head == "resume":
                 attempt.resumed = int(rest[0])
+            elif head == "pending":  # in place: the step about to be reduced
+                if pending is not None:
+                    attempt.unlogged.append(pending)
+                pending = (int(rest[0]), int(rest[1]), [int(i) for i in rest[2:]], path.name)
             elif len(rest) >= 2:
                 ids = [int(i) for i in rest[2:]]
-                attempt.steps.append((int(head), float(rest[0]), int(rest[1]), ids))
+                step = (int(head), float(rest[0]), int(rest[1]), ids)
+                attempt.steps.append(step)
+                mine.append(step)
+                pending = None
+        if pending is not None:
+            attempt.unlogged.append(pending)
     return attempts
+
+
+def analyse_in_place(log_dir: Path, killed_at: float | None, trial: Trial, dropped: int) -> Trial:
+    """Fill ``trial`` for a run kept in place: one attempt; work lost is the steps dropped.
+
+    A step counts where the survivor's weights have it: the survivor (the rank that logged
+    steps on one rank) committed it. So a rank killed after its step was reduced, before it
+    logged it, still has its rows counted, and one that logged a step the survivor dropped
+    (its own reduction finished, the survivor's did not) has them counted as unread.
+    """
+    attempt = read_logs(log_dir).get(0, Attempt())
+    survivors = [log for log, steps in attempt.by_log.items() if any(s[2] == 1 for s in steps)]
+    kept = {(step, world) for log in survivors for step, _, world, _ in attempt.by_log[log]}
+    ids = [i for step, _, world, batch in attempt.steps if (step, world) in kept for i in batch]
+    ids += [i for step, world, batch, _ in attempt.unlogged if (step, world) in kept for i in batch]
+    trial.attempts, trial.resumed, trial.work_lost = 1, [0], dropped
+    trial.duplicated = len(ids) - len(set(ids))
+    trial.missing = len(set(range(ROWS)) - set(ids))
+    after = [t for _, t, world, _ in attempt.steps if world == 1 and killed_at and t > killed_at]
+    if killed_at is None or not after:
+        trial.problems.append("the node was never killed, or no step after it on one rank")
+    else:
+        trial.recovery_s = min(after) - killed_at
+    return trial
 
 
 def analyse(log_dir: Path, killed_at: float | None, trial: Trial) -> Trial:
@@ -231,8 +313,15 @@ def analyse(log_dir: Path, killed_at: float | None, trial: Trial) -> Trial:
 # --------------------------------------------------------------------------------------------
 
 
-def child_sparktrain(work: Path, limit: float) -> None:
-    """Child mode: the elastic launch on a 2-node LocalCluster; writes ``work/result.json``."""
+def child_sparktrain(work: Path, limit: float, mode: str = "restart") -> None:
+    """Child mode: the elastic launch on a 2-node LocalCluster; writes ``work/result.json``.
+
+    ``mode``: ``restart`` (the survivors restart from the checkpoint), ``kill`` (in place, node 1
+    SIGKILLed), ``notice`` (in place, ``sparktrain.preempt(1)`` instead of the kill) or
+    ``grow`` (in place, node 1 SIGKILLed and a node added back at once: a joiner heals from the
+    survivor; ``GROW_STEP_SECONDS`` a step, so that the epoch outlasts the joiner's start).
+    """
+    in_place = mode != "restart"
     import sparktrain
     from sparktrain import LocalCluster, launch
 
@@ -245,15 +334,29 @@ def child_sparktrain(work: Path, limit: float) -> None:
         if rank == 0 and world == 2 and step is not None and step >= KILL_STEP and not killed:
             killed["at"] = time.time()
             killed["step"] = step
-            killed["pid"] = cluster.kill_node(1)
+            if mode == "notice":
+                killed["ranks"] = sparktrain.preempt(1)
+            else:
+                killed["pid"] = cluster.kill_node(1)
+            if mode == "grow":
+                cluster.add_node()
+                killed["added"] = time.time()
 
+    if in_place:
+        function: Any = train_in_place
+        step = GROW_STEP_SECONDS if mode == "grow" else STEP_SECONDS
+        args: tuple[Any, ...] = (str(work / "data"), str(work / "logs"), step)
+    else:
+        function, args = train, (str(work / "data"), str(work / "ckpt"), str(work / "logs"),
+                                 STEP_SECONDS)  # fmt: skip
     result = launch(
-        train,
-        (str(work / "data"), str(work / "ckpt"), str(work / "logs"), STEP_SECONDS),
+        function,
+        args,
         num_processes=2,
         backend=cluster,
         min_processes=1,
-        grow_back=False,
+        grow_back=mode == "grow",
+        in_place=in_place,
         on_report=on_report,
         progress=False,
         log_ranks=[],
@@ -282,10 +385,11 @@ def child_sparktrain(work: Path, limit: float) -> None:
     sparktrain.shutdown_warm()
 
 
-def run_sparktrain(work: Path, limit: float) -> Trial:
+def run_sparktrain(work: Path, limit: float, mode: str = "restart") -> Trial:
     trial = Trial()
+    in_place = mode != "restart"
     command = [sys.executable, str(Path(__file__).resolve()), "--child", str(work)]
-    command += ["--limit", str(limit)]
+    command += ["--limit", str(limit), "--mode", mode]
     try:
         proc = subprocess.run(
             command,
@@ -304,10 +408,24 @@ def run_sparktrain(work: Path, limit: float) -> Trial:
         return analyse(work / "logs", None, trial)
     result = json.loads((work / "result.json").read_text())
     killed = result["killed"]
-    analyse(work / "logs", killed.get("at"), trial)
+    if in_place:
+        analyse_in_place(work / "logs", killed.get("at"), trial, result["value"]["dropped"])
+    else:
+        analyse(work / "logs", killed.get("at"), trial)
     rescales = result["rescales"]
     seen = [(r["cause"], r["old"], r["new"], r["resumed_step"]) for r in rescales]
-    expected = [("lost", 2, 1, trial.resumed[1] if len(trial.resumed) > 1 else None)]
+    cause = "preempted" if mode == "notice" else "lost"
+    expected = [(cause, 2, 1, trial.resumed[1] if len(trial.resumed) > 1 else None)]
+    if mode == "grow":
+        expected.append(("grew", 1, 2, None))
+        joiner = [t for log, steps in read_logs(work / "logs").get(0, Attempt()).by_log.items()
+                  if "-rank2-" in log for _, t, _, _ in steps]  # fmt: skip
+        ckpts = list((work / "logs").parent.glob("**/*.ckpt*"))
+        if joiner and "added" in killed:
+            trial.heal_s = min(joiner) - killed["added"]
+        else:
+            trial.problems.append("the joiner committed no step")
+        trial.checkpoint_files = len(ckpts)
     if seen != expected:
         trial.problems.append(f"result.rescales {seen}, expected {expected}")
     if result["node_pids"]:
@@ -464,7 +582,14 @@ def torchrun_defaults() -> str:
 # --------------------------------------------------------------------------------------------
 
 
-SIDES = ("sparktrain", "torchrun")
+#: Each side, and the mode of ``child_sparktrain`` it runs (``None``: torchrun).
+SIDES = {
+    "sparktrain": "restart",
+    "sparktrain in place": "kill",
+    "sparktrain in place, notice": "notice",
+    "sparktrain in place, grow": "grow",
+    "torchrun": None,
+}
 
 
 def median(trials: Sequence[Trial]) -> float | None:
@@ -538,17 +663,32 @@ def print_table(results: dict[str, list[Trial]], repeat: int, limit: float) -> N
     )
     print(f"  {'0 duplicated or lost (both sides)':<40} {'':>8}   {'PASS' if exact else 'MISS'}")
     # Issue 32's targets (in place: no restart, no checkpoint read), not met by restarting.
-    recovery = median(results["sparktrain"])
-    lost = [t.work_lost for t in results["sparktrain"]]
+    recovery = median(results["sparktrain in place"])
+    lost = [t.work_lost for t in results["sparktrain in place"]]
     fast = recovery is not None and recovery <= IN_PLACE_RECOVERY_S
     cheap = all(v is not None and v <= 1 for v in lost)
     print(
-        f"  {'sparktrain recovery (issue 32)':<40} {fmt(recovery):>8}   "
+        f"  {'in place: recovery (issue 32)':<40} {fmt(recovery):>8}   "
         f"target <= {IN_PLACE_RECOVERY_S:g}s  {'PASS' if fast else 'MISS'}"
     )
     print(
-        f"  {'sparktrain work lost (issue 32)':<40} {worst(lost):>8}   "
+        f"  {'in place: work lost (issue 32)':<40} {worst(lost):>8}   "
         f"target <= 1 step  {'PASS' if cheap else 'MISS'}"
+    )
+    grow = results["sparktrain in place, grow"]
+    heals = [t.heal_s for t in grow if t.heal_s is not None]
+    files = [t.checkpoint_files for t in grow]
+    none_read = all(f == 0 for f in files) and len(heals) == len(grow)
+    print(
+        f"  {'in place, grow: checkpoint files (issue 32)':<40} {worst(files):>8}   "
+        f"target 0 (healed from a live peer, {fmt(statistics.median(heals) if heals else None)} s "
+        f"from the node's return to the joiner's first step)  {'PASS' if none_read else 'MISS'}"
+    )
+    notice = [t.work_lost for t in results["sparktrain in place, notice"]]
+    free = all(v == 0 for v in notice)
+    print(
+        f"  {'in place, notice: work lost (issue 32)':<40} {worst(notice):>8}   "
+        f"target 0 steps  {'PASS' if free else 'MISS'}"
     )
     print(flush=True)
 
@@ -569,6 +709,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--worker", nargs=4, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--mode", default="restart", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--no-step-cost", action="store_true", help="leave the steady-state step cost out"
+    )
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
@@ -582,7 +726,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         train(data_dir, ckpt_dir, log_dir, float(step_seconds))
         return 0
     if args.child:
-        child_sparktrain(Path(args.child), args.limit)
+        child_sparktrain(Path(args.child), args.limit, mode=args.mode)
         return 0
     os.environ[BENCH_TAG_VAR] = uuid.uuid4().hex
     started = time.perf_counter()
@@ -596,13 +740,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="sparktrain-elastic-") as tmp:
         data_dir = write_rows(Path(tmp, "data"))
         for index in range(args.repeat):
-            for side in SIDES:
+            for side, mode in SIDES.items():
                 work = Path(tmp, f"{side}-{index}")
                 (work / "logs").mkdir(parents=True)
                 os.symlink(data_dir, work / "data")
                 log(f"{side} run {index + 1} of {args.repeat}")
-                run = run_sparktrain if side == "sparktrain" else run_torchrun
-                trial = run(work, args.limit)
+                if mode is None:
+                    trial = run_torchrun(work, args.limit)
+                else:
+                    trial = run_sparktrain(work, args.limit, mode=mode)
                 strays, _ = leftover_processes(5.0)
                 if strays:
                     trial.problems.append(f"{len(strays)} process(es) left after the run")
@@ -615,6 +761,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 found = elastic_torchft.run_once(torchft["python"], data_dir, work, ms, args.limit)
                 results[f"torchft {ms} ms"].append(torchft_trial(found))
     print_table(results, args.repeat, args.limit)
+    if not args.no_step_cost:
+        log("the steady-state step: DDP against in place")
+        inplace_step.print_step_cost(inplace_step.measure(args.repeat * 2))
+        print()
     report_leftovers()
     print(f"Total benchmark time: {time.perf_counter() - started:.1f}s")
     return 0

@@ -165,6 +165,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         .config("spark.task.resource.gpu.amount", "1")
         .config("spark.scheduler.barrier.maxConcurrentTasksCheck.interval", "1s")
         .config("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures", "2")
+        .config("spark.decommission.enabled", "true")  # tests/test_inplace_spark.py
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

@@ -49,6 +49,7 @@ def test_public_names() -> None:
         "log_model",
         "log_params",
         "plan",
+        "preempt",
         "prepare_data_loader",
         "prepare_model",
         "prepare_optimizer",

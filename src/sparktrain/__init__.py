@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from sparktrain.compat.tensorflow_runner import MirroredStrategyRunner as MirroredStrategyRunner
     from sparktrain.compat.torch_distributor import TorchDistributor as TorchDistributor
     from sparktrain.contract.env import restart_count as restart_count
+    from sparktrain.driver.inplace import preempt as preempt
     from sparktrain.driver.launch import launch as launch
     from sparktrain.driver.local_cluster import LocalCluster as LocalCluster
     from sparktrain.driver.results import Rescale as Rescale
@@ -108,6 +109,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "MirroredStrategyRunner": ("sparktrain.compat.tensorflow_runner", "MirroredStrategyRunner"),
     "TorchDistributor": ("sparktrain.compat.torch_distributor", "TorchDistributor"),
     "restart_count": ("sparktrain.contract.env", "restart_count"),
+    "preempt": ("sparktrain.driver.inplace", "preempt"),
     "launch": ("sparktrain.driver.launch", "launch"),
     "LocalCluster": ("sparktrain.driver.local_cluster", "LocalCluster"),
     "Rescale": ("sparktrain.driver.results", "Rescale"),

@@ -11,6 +11,9 @@ scale the learning rate instead passes ``on_rescale`` to
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from sparktrain.contract import env
 from sparktrain.errors import ConfigError
 
@@ -45,4 +48,32 @@ def accumulation(base: int = 1) -> int:
     return -(-base * target_world_size() // world_size())
 
 
-__all__ = ["accumulation", "target_world_size", "world_size"]
+def in_place(model: Any, optimizer: Any, make_data: Callable[[int, int], Any]) -> Any:
+    """This rank's in-place elastic loop (``launch(..., min_processes=..., in_place=True)``).
+
+    Forms the process group itself (do not call ``init_process_group``), starts every rank from
+    rank 0's weights (a joining rank from its live peers'), and returns a
+    :class:`sparktrain.rank.inplace.InPlace`: iterate its ``batches()``, call
+    ``loss.backward()`` and then its ``step()``, which reduces the gradients, commits the step on
+    every rank or none, and steps the optimizer (no DDP wrapper, no ``optimizer.step()``).
+    ``make_data(rank, world_size)`` makes this rank's dataset at a size (a ``sparktrain.data``
+    dataset: after a rescale the rest of the epoch is divided again from its state in memory).
+    See docs/elastic.md, "In place".
+    """
+    import json
+
+    from sparktrain.rank.inplace import InPlace
+    from sparktrain.rank.stores import client_store, contract_store
+
+    me = env.contract_rank()
+    hosted = env.in_place_store()  # the driver's, which outlives every rank
+    if hosted is not None:
+        store = client_store(*hosted, 600)
+    else:
+        store = contract_store()
+        if me == 0:
+            store.set("members/0", json.dumps(list(range(env.contract_world_size()))))
+    return InPlace(model, optimizer, make_data, store=store, me=me, joining=env.in_place_joining())
+
+
+__all__ = ["accumulation", "in_place", "target_world_size", "world_size"]

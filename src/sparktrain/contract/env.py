@@ -157,6 +157,28 @@ def grow_file() -> str | None:
     return os.environ.get("SPARKTRAIN_GROW_FILE") or None
 
 
+#: In place: the store the driver hosts for the ranks' generations (``host:port``).
+IN_PLACE_STORE = "SPARKTRAIN_IN_PLACE_STORE"
+
+
+#: In place: set for the ranks of a node that joins a running group (they ask in, then heal).
+IN_PLACE_JOIN = "SPARKTRAIN_IN_PLACE_JOIN"
+
+
+def in_place_joining() -> bool:
+    """Inside a rank of an in-place run: whether it joins a running group."""
+    return os.environ.get(IN_PLACE_JOIN) == "1"
+
+
+def in_place_store() -> tuple[str, int] | None:
+    """Inside a rank of an in-place run: the driver's store (``host``, ``port``), or ``None``."""
+    raw = os.environ.get(IN_PLACE_STORE)
+    if not raw:
+        return None
+    host, _, port = raw.rpartition(":")
+    return host, int(port)
+
+
 def contract_rank() -> int:
     """Inside a rank: its global rank from the contract (``RANK``), 0 outside any launch."""
     return int(os.environ.get("RANK", "0") or "0")

@@ -121,6 +121,11 @@ class NodeReport:
         )  # fmt: skip
 
     @classmethod
+    def left(cls, node: int, host: str) -> NodeReport:
+        """A node lost while its peers went on in place (``in_place``): nothing to report."""
+        return cls(node_rank=node, host=host, ranks=(), failures={}, stopped=(), values={})
+
+    @classmethod
     def killed(cls, node: int, host: str, ranks: Sequence[int]) -> NodeReport:
         """A node the driver killed while stopping the run: its ranks count as stopped."""
         return cls(

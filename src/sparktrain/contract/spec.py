@@ -82,6 +82,8 @@ class Place:
         address: The address by which the other nodes reach this one; its interface is the one
             gloo and NCCL bind to (:mod:`sparktrain.node.interfaces`). Empty: the rendezvous
             host's, as when every node runs on this machine.
+        joining: This node joins a running in-place group (its ranks ask in and heal from a
+            live peer) instead of starting with the others.
     """
 
     node: int
@@ -89,6 +91,7 @@ class Place:
     master: tuple[str, int]
     gpus: tuple[str, ...] = ()
     address: str = ""
+    joining: bool = False
 
 
 def node_spec(

@@ -12,11 +12,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from sparktrain.contract.report import NodeReport
 from sparktrain.contract.spec import NodeSpec, node_spec
 from sparktrain.driver.monitor import Monitor
+from sparktrain.driver.results import Rescale
 from sparktrain.errors import ConfigError
 from sparktrain.launchplan.entrypoint import Entrypoint
 from sparktrain.launchplan.front import LAUNCH, FrontDoor
@@ -38,6 +39,8 @@ class Attempt:
         extra_env: Variables of other contracts for every rank (MLflow's run).
         data_uri: Where Spark cached the DataFrame whose rows the ranks share, or ``None``.
         target_world_size: In an elastic run, the size it was launched at; ``None`` otherwise.
+        store: In an in-place run, the store the driver hosts (``members/<g>`` of each
+            generation), reached by the ranks at ``SPARKTRAIN_IN_PLACE_STORE``.
     """
 
     plan: LaunchPlan
@@ -48,6 +51,7 @@ class Attempt:
     extra_env: dict[str, str] | None = None
     data_uri: str | None = None
     target_world_size: int | None = None
+    store: Any = None  # in place: the store the driver hosts for the ranks' generations
 
     def spec(
         self, *, channel: tuple[str, int] | None = None, secret: bytes | None = None
@@ -94,6 +98,30 @@ class Nodes(ABC):
     def close(self) -> None:
         """Release everything the attempt holds (called once, whatever happened)."""
 
+    def in_place_rescales(self) -> tuple[Rescale, ...]:
+        """The losses the survivors went on from in place during this attempt, in order."""
+        return ()
+
+    def lose_in_place(self) -> bool:
+        """After a failure, let the survivors go on in place (``in_place``); ``False``: cannot.
+
+        Nodes that can (a ``LocalCluster``'s, Ray's) name the survivors as the ranks' next
+        generation in the run's store, when the failure was only nodes lost.
+        """
+        return False
+
+    def in_place_world(self) -> int | None:
+        """In place: the ranks in the group now, with those starting to join; ``None``: not."""
+        return None
+
+    def grow_in_place(self, ranks: int) -> int:
+        """In place: start nodes for up to ``ranks`` more ranks, which join; the ranks started."""
+        return 0
+
+    def preempt(self, node: int | str) -> tuple[int, ...]:
+        """Ask the ranks of ``node`` (index or host) to leave in place; ``()``: not here."""
+        return ()
+
     def request_grow(self) -> None:  # noqa: B027 - optional: nodes that cannot grow ignore it
         """Ask the ranks to stop at their next checkpoint, so the run grows back (elastic)."""
 
@@ -102,6 +130,12 @@ class Backend(ABC):
     """Where the nodes of a run execute."""
 
     name: ClassVar[str]
+    #: Whether an elastic run may keep its survivors in place here (``in_place=True``).
+    in_place: ClassVar[bool] = False
+
+    def store_host(self) -> str:
+        """Where an in-place run's store listens: an address every node reaches this process at."""
+        return "127.0.0.1"
 
     @abstractmethod
     def layout(self, num_processes: object, *, use_gpu: object, name: str) -> LaunchPlan:

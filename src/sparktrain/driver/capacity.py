@@ -121,6 +121,8 @@ def watch_capacity(
     monitor: Monitor | None = None,
 ) -> Callable[[Nodes], None] | None:
     """For the follow loop: asks the nodes to grow back once more ranks fit (``None``: never)."""
+    if options.elastic and options.grow_back and options.in_place:
+        return _watch_in_place(backend, plan, target, monitor)
     if not options.elastic or not options.grow_back or plan.world_size >= target:
         return None
     state = {"next": time.monotonic() + GROW_CHECK_SECONDS, "asked": False}
@@ -143,6 +145,33 @@ def watch_capacity(
                 monitor,
             )
             nodes.request_grow()
+
+    return tick
+
+
+def _watch_in_place(
+    backend: Backend, plan: LaunchPlan, target: int, monitor: Monitor | None
+) -> Callable[[Nodes], None]:
+    """In place: start nodes that join the running group whenever more ranks fit than it has."""
+    state = {"next": time.monotonic() + GROW_CHECK_SECONDS}
+
+    def tick(nodes: Nodes) -> None:
+        now = time.monotonic()
+        world = nodes.in_place_world()
+        if now < state["next"] or world is None or world >= target:
+            return
+        state["next"] = now + GROW_CHECK_SECONDS
+        try:
+            high = min(backend.capacity(plan), target)
+        except Exception:  # a cluster that cannot answer now: ask again later
+            return
+        started = nodes.grow_in_place(high - world) if high > world else 0
+        if started:
+            say(
+                f"sparktrain: elastic: capacity returned; {started} rank(s) start and join the "
+                f"{world} in place (toward {target}), healed from a live peer",
+                monitor,
+            )
 
     return tick
 

@@ -83,7 +83,8 @@ def run_attempts(
         except ENDINGS as caught:
             error, outcome = caught, None
         if isinstance(outcome, RunResult):
-            return dataclasses.replace(outcome, attempts=run.number + 1, rescales=run.log.done())
+            rescales = run.log.done() + outcome.rescales  # the attempt's own: in place
+            return dataclasses.replace(outcome, attempts=run.number + 1, rescales=rescales)
         ended = ended_by(error, run.current.world_size) if error else run.grow_back()
         decision = decide(ended, run.tally(), options)
         if not run.carry_out(decision, error):

@@ -35,6 +35,7 @@ def follow(
     stop_grace: float,
     monitor: Monitor,
     tick: Callable[[Nodes], None] | None = None,
+    in_place: bool = False,
 ) -> list[NodeReport]:
     """Follow ``nodes`` until every one has reported; close them in any case.
 
@@ -44,6 +45,8 @@ def follow(
         monitor: Says when the caller (``on_report``) asked for the run to stop.
         tick: Called with the nodes at every turn of the loop while they run (an elastic run
             watching for capacity to grow back).
+        in_place: At a failure, first let the survivors go on in place
+            (:meth:`Nodes.lose_in_place`); stop every node only when that cannot be done.
 
     Returns:
         Every node's report, in node order.
@@ -60,6 +63,8 @@ def follow(
                 return sorted(polled.reports, key=lambda report: report.node_rank)
             if tick is not None and cancel_at is None:
                 tick(nodes)
+            if in_place and polled.failed and cancel_at is None and nodes.lose_in_place():
+                continue
             if cancel_at is None and (polled.failed or monitor.stop_requested()):
                 nodes.cancel(force=False)
                 cancel_at = time.monotonic() + CANCEL_AFTER + stop_grace

@@ -14,6 +14,7 @@ followed by :func:`~sparktrain.driver.follow.follow`.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -21,12 +22,16 @@ from typing import Any
 
 from typing_extensions import Unpack
 
+from sparktrain.contract.env import IN_PLACE_STORE
+from sparktrain.contract.inplace import host_store
 from sparktrain.driver.backend import Attempt, Backend, make_backend
 from sparktrain.driver.capacity import first_layout, watch_capacity
 from sparktrain.driver.elastic import run_attempts
 from sparktrain.driver.follow import follow
+from sparktrain.driver.inplace import running
 from sparktrain.driver.monitor import Monitor
 from sparktrain.driver.results import GrowingBack, RunResult, finish
+from sparktrain.errors import ConfigError
 from sparktrain.launchplan.entrypoint import Entrypoint, make_entrypoint
 from sparktrain.launchplan.front import LAUNCH, FrontDoor
 from sparktrain.launchplan.layout import LaunchPlan
@@ -143,18 +148,24 @@ class PreparedLaunch:
         started = time.monotonic()
         options = self.options
         target = self.target if options.elastic else None
+        store = None
+        if options.in_place:  # the ranks' generations live in a store that outlives every rank
+            store, address = host_store(plan.world_size, self.backend.store_host())
+            extra_env = {**(extra_env or {}), IN_PLACE_STORE: address}
         attempt = Attempt(
             plan=plan, options=options, entry=entry, number=number, monitor=monitor,
-            extra_env=extra_env, data_uri=data_uri, target_world_size=target,
+            extra_env=extra_env, data_uri=data_uri, target_world_size=target, store=store,
         )  # fmt: skip
         nodes = self.backend.start(attempt)
-        reports = follow(
-            nodes,
-            stop_grace=options.stop_grace,
-            monitor=monitor,
-            tick=watch_capacity(self.backend, plan, self.target, options, monitor),
-        )
-        return finish(
+        with running(nodes):  # sparktrain.preempt reaches it
+            reports = follow(
+                nodes,
+                stop_grace=options.stop_grace,
+                monitor=monitor,
+                tick=watch_capacity(self.backend, plan, self.target, options, monitor),
+                in_place=options.in_place,
+            )
+        result = finish(
             reports,
             world_size=plan.world_size,
             timeout=options.timeout,
@@ -162,6 +173,10 @@ class PreparedLaunch:
             hang_timeout=options.hang_timeout,
             stopped=monitor.stop_requested(),
         )
+        kept = nodes.in_place_rescales()
+        if kept and isinstance(result, RunResult):
+            result = dataclasses.replace(result, rescales=kept, world_size=kept[-1].new_world_size)
+        return result
 
 
 def prepare(
@@ -197,6 +212,12 @@ def prepare(
     """
     chosen = make_backend(backend, topology=topology, ray_address=ray_address, front=front)
     options = options or RunOptions()
+    if options.in_place and not chosen.in_place:
+        raise ConfigError(
+            f"in_place=True: the {chosen.name!r} backend cannot keep an elastic run's survivors "
+            "in place (local processes, a LocalCluster, Spark and Ray can); leave in_place out "
+            "to restart the survivors from the latest checkpoint, as elastic runs do."
+        )
     plan, target = first_layout(chosen, num_processes, use_gpu=use_gpu, options=options, name=name)
     return PreparedLaunch(chosen, plan, options, target)
 

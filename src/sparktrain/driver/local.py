@@ -31,6 +31,7 @@ class LocalBackend(Backend):
     """Every rank on this machine, forked from the caller's warm fork server."""
 
     name: ClassVar[str] = "local"
+    in_place: ClassVar[bool] = True
 
     def __init__(self, *, topology: Topology | None = None) -> None:
         """Use ``topology`` (tests pass their own), or detect this machine's when planning."""

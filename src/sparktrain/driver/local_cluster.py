@@ -44,6 +44,7 @@ class LocalCluster(Backend):
     """``nodes`` nodes of ``procs_per_node`` CPU ranks each, every node a process of its own."""
 
     name: ClassVar[str] = "local-cluster"
+    in_place: ClassVar[bool] = True
 
     def __init__(self, nodes: int = 2, procs_per_node: int = 1) -> None:
         """Make a cluster of ``nodes`` nodes (all up) of ``procs_per_node`` ranks each."""
@@ -182,15 +183,16 @@ class LocalClusterNodes(RemoteNodes):
         self.plan = attempt.plan
         self.folder = tempfile.mkdtemp(prefix="sparktrain-cluster-")
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
-        self.reports: dict[int, NodeReport] = {}
         self.slots: list[int] = []
         self.killed: set[int] = set()
         self.silent: dict[int, str] = {}  # lost by silence (why), then killed here
+        self.master: tuple[str, int] = ("", 0)
         try:
             self.slots = cluster._claim(self.plan.nodes)
             listener = bind_rendezvous(LOOPBACK)
             try:
                 master = listener.getsockname()[:2]
+                self.master = master
                 for node, slot in enumerate(self.slots):
                     self._spawn(node, slot, master, listener if node == 0 else None)
             finally:
@@ -200,9 +202,15 @@ class LocalClusterNodes(RemoteNodes):
             raise
 
     def _spawn(
-        self, node: int, slot: int, master: tuple[str, int], listener: socket.socket | None
+        self,
+        node: int,
+        slot: int,
+        master: tuple[str, int],
+        listener: socket.socket | None,
+        *,
+        joining: bool = False,
     ) -> None:
-        place = Place(node, f"node{slot}", master, ())
+        place = Place(node, f"node{slot}", master, (), joining=joining)
         job = os.path.join(self.folder, f"node-{node}.job")
         with open(job, "wb") as handle:
             cloudpickle.dump((self.spec, place), handle)
@@ -234,17 +242,27 @@ class LocalClusterNodes(RemoteNodes):
             self.silent[self.slots.index(slot)] = why
             self._kill(self.procs[self.slots.index(slot)])
         self.printer.silent_hosts.clear()
+        failed = self._reap() or failed
+        if len(self.reports) < len(self.procs):
+            return Polled(failed=failed)
+        self.drain(
+            sum(
+                1
+                for n, r in self.reports.items()
+                if not r.agent_error and n not in self.killed and n not in self.left
+            )
+        )
+        return Polled(failed=failed, reports=[self.reports[n] for n in sorted(self.reports)])
+
+    def _reap(self) -> bool:
+        """Collect the reports of the node processes that ended; whether one was lost."""
+        lost = False
         for node, process in self.procs.items():
             if node in self.reports or process.poll() is None:
                 continue
             self.reports[node] = self._ended(node, process.returncode)
-            failed = failed or self.reports[node].agent_error is not None
-        if len(self.reports) < len(self.procs):
-            return Polled(failed=failed)
-        self.drain(
-            sum(1 for n, r in self.reports.items() if not r.agent_error and n not in self.killed)
-        )
-        return Polled(failed=failed, reports=[self.reports[n] for n in sorted(self.reports)])
+            lost = lost or self.reports[node].agent_error is not None
+        return lost
 
     def _ended(self, node: int, code: int) -> NodeReport:
         host = f"node{self.slots[node]}"
@@ -261,6 +279,27 @@ class LocalClusterNodes(RemoteNodes):
             return NodeReport.broken(
                 node, host, f"its process ended ({how}) without a report: the node was lost"
             )
+
+    def collect(self) -> None:
+        """Collect the reports of the node processes that ended."""
+        self._reap()
+
+    def grow_in_place(self, ranks: int) -> int:
+        """Start a joining node on each free node up, for up to ``ranks`` more ranks."""
+        if self.generations is None:
+            return 0
+        busy = {self.slots[n] for n in self.procs if n not in self.reports}
+        started = 0
+        for slot in self.cluster.nodes_up:
+            if slot in busy or started + self.plan.procs_per_node > ranks:
+                continue
+            node = len(self.procs)  # a new node index: its ranks are new ranks too
+            self.slots.append(slot)
+            self._spawn(node, slot, self.master, None, joining=True)
+            joining = tuple(self.spec.ranks_of(node))
+            self.generations.join(joining, f"node {node} on node{slot}, rank(s) {list(joining)}")
+            started += len(joining)
+        return started
 
     def cancel(self, *, force: bool) -> None:
         """Tell every node to stop its ranks; or kill the node processes still running."""

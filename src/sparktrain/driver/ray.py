@@ -40,6 +40,8 @@ from sparktrain.node.ray_actor import NodeActor
 
 #: How long the placement group may wait for its resources before the launch gives up.
 PLACEMENT_SECONDS = 60.0
+#: In place: how long a joining node's actor may take to start before the next look retries.
+JOIN_SECONDS = 30.0
 #: How long a node that went silent is left out of layouts and placements (Ray itself declares
 #: an unreachable node dead after its health checks fail, which takes tens of seconds).
 AVOID_SECONDS = 120.0
@@ -135,6 +137,7 @@ class RayBackend(Backend):
     """One actor per node of a Ray cluster, placed by a placement group."""
 
     name: ClassVar[str] = "ray"
+    in_place: ClassVar[bool] = True
 
     def __init__(self, *, address: str | None = None) -> None:
         """Join the Ray this process uses, else ``ray.init(address=address)``."""
@@ -165,6 +168,10 @@ class RayBackend(Backend):
             for n in self.ray.nodes()
             if n.get("Alive") and str(n["NodeManagerAddress"]) in silent
         }
+
+    def store_host(self) -> str:
+        """This process's address as the Ray nodes reach it."""
+        return str(self.ray.util.get_node_ip_address())
 
     def layout(self, num_processes: object, *, use_gpu: object, name: str) -> LaunchPlan:
         """The fewest nodes that hold the ranks, as many on each, from the nodes alive now."""
@@ -208,9 +215,13 @@ class RayNodes(RemoteNodes):
         self.plan = attempt.plan
         self.actors: list[Any] = []
         self.pending: dict[Any, int] = {}
-        self.reports: dict[int, NodeReport] = {}
         self.killed: set[int] = set()
         self.hosts: list[str] = []
+        self.master: tuple[str, int] = ("", 0)
+        self.joining_groups: list[Any] = []  # in place: the groups of nodes started to join
+        self.placing: Any = None  # in place: a joining node's group, not placed yet
+        self.rebundled: set[int] = set()  # in place: lost nodes whose bundle a joiner took
+        self.bundle_nodes: dict[int, str] = {}  # the Ray node of each bundle at the start
         bundles, strategy = placement(self.plan)
         avoided = backend.avoided() if backend is not None else {}
         selector = (
@@ -257,11 +268,15 @@ class RayNodes(RemoteNodes):
                 ).remote()
             )
         places = self.ray.get([a.where.remote(i == 0) for i, a in enumerate(self.actors)])
+        from ray.util.placement_group import placement_group_table
+
+        where = placement_group_table(self.group).get("bundles_to_node_id", {})
+        self.bundle_nodes = {int(k): str(v) for k, v in where.items()}
         return list(places)
 
     def _run(self, places: Sequence[tuple[str, int | None, Any, int]]) -> None:
         """Start every node's ranks."""
-        master = (places[0][0], places[0][1] or 0)
+        master = self.master = (places[0][0], places[0][1] or 0)
         self.hosts = [place[0] for place in places]
         for node, (actor, (host, _, gpus, _)) in enumerate(zip(self.actors, places, strict=True)):
             place = Place(node, host, master, tuple(gpus), address=host)
@@ -285,22 +300,98 @@ class RayNodes(RemoteNodes):
                     with contextlib.suppress(Exception):
                         self.ray.kill(self.actors[node], no_restart=True)
         self.printer.silent_hosts.clear()
+        failed = self._collect() or failed
+        if self.pending:
+            return Polled(failed=failed)
+        alive = [n for n, r in self.reports.items() if r.agent_error is None]
+        self.drain(sum(1 for n in alive if n not in self.killed and n not in self.left))
+        return Polled(failed=failed, reports=[self.reports[n] for n in sorted(self.reports)])
+
+    def _collect(self) -> bool:
+        """Collect the reports of the actors that returned or died; whether a node was lost."""
+        lost = False
         if self.pending:
             done, _ = self.ray.wait(list(self.pending), num_returns=len(self.pending), timeout=0)
             for ref in done:
                 node = self.pending.pop(ref)
+                if node in self.left:  # lost in place: its report is written
+                    continue
                 try:
                     report = self.ray.get(ref)
                 except Exception as exc:  # the actor died: node lost, or killed by its host
                     why = f"its Ray actor died: {type(exc).__name__}: {exc}"
                     report = NodeReport.broken(node, self.hosts[node], why)
                 self.reports[node] = report
-                failed = failed or report.agent_error is not None
-        if self.pending:
-            return Polled(failed=failed)
-        alive = [n for n, r in self.reports.items() if r.agent_error is None]
-        self.drain(sum(1 for n in alive if n not in self.killed))
-        return Polled(failed=failed, reports=[self.reports[n] for n in sorted(self.reports)])
+                lost = lost or report.agent_error is not None
+        return lost
+
+    def collect(self) -> None:
+        """Collect the reports of the actors that returned or died."""
+        self._collect()
+
+    def grow_in_place(self, ranks: int) -> int:
+        """Start a node whose ranks join, where Ray has placed room for it; the ranks started.
+
+        A lost node's bundle of the run's placement group is placed again by Ray once a node
+        has room (the group is ``CREATED`` again): the joiner goes there. Without such a bundle
+        (the run started short), a group of one bundle is asked for and used once placed. Never
+        waits: the follow loop looks again at its next tick.
+        """
+        from ray.util.placement_group import placement_group, placement_group_table
+
+        if self.generations is None or ranks < self.plan.procs_per_node:
+            return 0
+        free = [n for n in sorted(self.left) if n < self.plan.nodes and n not in self.rebundled]
+        if free:
+            table = placement_group_table(self.group)
+            now = table.get("bundles_to_node_id", {}).get(free[0])
+            alive = {str(n["NodeID"]) for n in self.ray.nodes() if n.get("Alive")}
+            if table.get("state") != "CREATED" or now == self.bundle_nodes.get(free[0]):
+                return 0  # Ray has not placed the lost node's bundle again yet
+            if now not in alive:
+                return 0
+            started = self._join(self.group, free[0])
+            if started:
+                self.rebundled.add(free[0])
+            return started
+        if self.placing is None:
+            bundles, _ = placement(self.plan)
+            self.placing = placement_group(bundles[:1], name=f"sparktrain-{uuid.uuid4()}")
+            self.joining_groups.append(self.placing)
+        ready, _ = self.ray.wait([self.placing.ready()], timeout=0)
+        if not ready:
+            return 0
+        group, self.placing = self.placing, None
+        return self._join(group, 0)
+
+    def _join(self, group: Any, bundle: int) -> int:
+        """Start a joining node's actor on ``group``'s ``bundle``; its ranks."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        assert self.generations is not None
+        gpus = self.plan.procs_per_node if self.plan.device == "cuda" else 0
+        where = PlacementGroupSchedulingStrategy(
+            placement_group=group, placement_group_bundle_index=bundle
+        )
+        actor = (
+            self.ray.remote(NodeActor)
+            .options(num_cpus=0, num_gpus=gpus, max_restarts=0, scheduling_strategy=where)
+            .remote()
+        )
+        try:
+            host, _, assigned, _ = self.ray.get(actor.where.remote(False), timeout=JOIN_SECONDS)
+        except Exception:  # its node went too, or it did not start: the next look tries again
+            with contextlib.suppress(Exception):
+                self.ray.kill(actor, no_restart=True)
+            return 0
+        node = len(self.actors)
+        self.actors.append(actor)
+        self.hosts.append(host)
+        place = Place(node, host, self.master, tuple(assigned), address=host, joining=True)
+        self.pending[actor.run.remote(self.spec, place, os.environ.get("OMP_NUM_THREADS"))] = node
+        joining = tuple(self.spec.ranks_of(node))
+        self.generations.join(joining, f"node {node} on {host}, rank(s) {list(joining)}")
+        return len(joining)
 
     def cancel(self, *, force: bool) -> None:
         """Tell every node to stop its ranks; or kill the actors still running."""
@@ -323,8 +414,9 @@ class RayNodes(RemoteNodes):
         for actor in self.actors:
             with contextlib.suppress(Exception):
                 self.ray.kill(actor, no_restart=True)
-        with contextlib.suppress(Exception):
-            remove_placement_group(self.group)
+        for group in (self.group, *self.joining_groups):
+            with contextlib.suppress(Exception):
+                remove_placement_group(group)
         if self.backend is not None:
             with self.backend._lock:
                 self.backend._held.pop(id(self), None)

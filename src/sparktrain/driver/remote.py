@@ -13,16 +13,22 @@ from __future__ import annotations
 import queue
 import secrets
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 from sparktrain.contract.channel import ChannelServer
+from sparktrain.contract.report import NodeReport
 from sparktrain.contract.spec import NodeSpec
 from sparktrain.driver.backend import Attempt, Nodes
+from sparktrain.driver.inplace import Generations
 from sparktrain.driver.monitor import Monitor
+from sparktrain.driver.results import Rescale
+from sparktrain.errors import ConfigError
 from sparktrain.node.logs import LogSink
 
 #: After every node returned, how long to wait for log lines still in flight.
 DRAIN_SECONDS = 5.0
+#: In place: how long a node whose channel closed may take to be seen ended (seconds).
+REAP_SECONDS = 1.0
 #: Seconds between the ``busy`` messages passed on to every node.
 BUSY_EVERY = 1.0
 
@@ -41,6 +47,15 @@ class Printer:
         self.byes = 0
         self.first_failure: dict[str, Any] | None = None
         self.lost: list[str] = []
+        #: Nodes that passed a preemption notice on to their ranks (in place): index -> host.
+        self.noticed: dict[int, str] = {}
+        #: Each node's host, and its executor where the backend has one (Spark's), by index.
+        self.node_hosts: dict[int, str] = {}
+        self.executors: dict[int, str] = {}
+        #: Nodes whose channel closed without a bye, and why.
+        self.lost_nodes: dict[int, str] = {}
+        #: Noticed nodes that said bye: their ranks left (in place), to be recorded.
+        self.left: list[int] = []
         #: Hosts of nodes lost by silence (cut off, frozen): their processes may still run.
         self.silent_hosts: dict[str, str] = {}
 
@@ -55,11 +70,21 @@ class Printer:
             self.sink.reports(message["rank"], message["records"])
         elif kind == "hello":
             self.hosts.update({rank: message["host"] for rank in message["ranks"]})
+            self.node_hosts[int(message["node"])] = str(message["host"])
+            if message.get("executor"):
+                self.executors[int(message["node"])] = str(message["executor"])
         elif kind == "bye":
             self.byes += 1
+            if int(message["node"]) in self.noticed:
+                self.left.append(int(message["node"]))
+        elif kind == "notice":
+            self.noticed[int(message["node"])] = str(message["host"])
         elif kind == "lost":
             why = message.get("why", "its process ended without a goodbye")
             self.lost.append(f"node {message['node']} on {message['host']} ({why})")
+            self.lost_nodes[int(message["node"])] = (
+                f"node {message['node']} on {message['host']}: {why}"
+            )
             if message.get("silent"):
                 self.silent_hosts[str(message["host"])] = why
             return True
@@ -80,10 +105,19 @@ class RemoteNodes(Nodes):
         self.printer = Printer(attempt.options.log_ranks, attempt.monitor)
         self.spec: NodeSpec = attempt.spec(channel=self.channel.address, secret=self.channel.secret)
         self._busy_sent = 0.0
+        self.generations = (
+            None
+            if attempt.store is None
+            else Generations(attempt.store, attempt.plan.world_size, attempt.monitor)
+        )
+        self.reports: dict[int, NodeReport] = {}  # of the nodes that ended, by index
+        self.left: set[int] = set()  # in place: nodes lost while the others went on
 
     def pump(self, wait: float) -> bool:
         """Handle the nodes' messages for up to ``wait`` seconds; whether a rank failed."""
         failed = False
+        if self.generations is not None and self.generations.joining:
+            self.generations.check_joined()
         deadline = time.monotonic() + wait
         while True:
             try:
@@ -94,6 +128,10 @@ class RemoteNodes(Nodes):
                 self._pass_busy()
                 continue
             failed = self.printer.handle(message) or failed
+            while self.printer.left and self.generations is not None:
+                node = self.printer.left.pop(0)
+                where = f"node {node} on {self.printer.noticed[node]}"
+                self.generations.left(tuple(self.spec.ranks_of(node)), f"{where} (left on notice)")
             if failed:
                 return True
 
@@ -107,6 +145,76 @@ class RemoteNodes(Nodes):
         if now - self._busy_sent >= BUSY_EVERY:
             self._busy_sent = now
             self.channel.broadcast({"op": "busy"})
+
+    def preempt(self, node: int | str) -> tuple[int, ...]:
+        """Ask the ranks of ``node`` (its index, or a host only it runs on) to leave in place."""
+        if isinstance(node, str):
+            named = [n for n, host in self.printer.node_hosts.items() if host == node]
+            if len(named) > 1:
+                raise ConfigError(
+                    f"preempt({node!r}): nodes {named} run on that host; pass a node index."
+                )
+            node = named[0] if named else -1
+        if self.generations is None or node in self.printer.noticed:
+            return ()
+        if node not in self.printer.node_hosts or node in self.ended_nodes():
+            return ()
+        ranks = tuple(self.spec.ranks_of(node))
+        self.printer.noticed[node] = self.printer.node_hosts[node]
+        self.generations.leave(ranks)
+        return ranks
+
+    def in_place_world(self) -> int | None:
+        """In place: the ranks in the group now, with those starting to join."""
+        if self.generations is None:
+            return None
+        return self.generations.world + sum(len(r) for r in self.generations.joining)
+
+    def ended_nodes(self) -> set[int]:
+        """The nodes known to have ended (their reports in)."""
+        return set(self.reports)
+
+    def collect(self) -> None:
+        """Put the reports of the nodes that ended into :attr:`reports` (without waiting)."""
+
+    #: Whether the survivors of a node lost without notice may go on in place here.
+    shrinks_in_place: ClassVar[bool] = True
+
+    def lose_in_place(self) -> bool:
+        """Name the surviving nodes' ranks as the next generation, when only nodes were lost.
+
+        A rank's own failure (a non-zero exit) is not a loss: ``False``, and the run stops as
+        it always did. So is a loss with no survivor.
+        """
+        if not self.shrinks_in_place or self.generations is None:
+            return False
+        if self.printer.first_failure is not None:
+            return False
+        deadline = time.monotonic() + REAP_SECONDS  # the channel may tell before the node ends
+        while True:
+            self.collect()
+            ended = {n: str(r.agent_error) for n, r in self.reports.items() if r.agent_error}
+            why = {**self.printer.lost_nodes, **ended}  # the channel may tell before the node
+            lost = set(why) - self.left
+            if lost and (set(why) <= set(self.reports) or time.monotonic() > deadline):
+                break
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        if not lost:
+            return bool(self.left)  # a late message about a node already handled
+        detail = "; ".join(why[n] for n in sorted(lost))
+        ranks = {rank for node in lost for rank in self.spec.ranks_of(node)}
+        if not self.generations.lose(ranks, detail):
+            return False
+        for node in lost:
+            self.reports[node] = NodeReport.left(node, self.printer.node_hosts.get(node, "?"))
+        self.left |= lost
+        return True
+
+    def in_place_rescales(self) -> tuple[Rescale, ...]:
+        """The losses and notices the survivors went on from in place, in order."""
+        return tuple(self.generations.rescales) if self.generations is not None else ()
 
     def request_grow(self) -> None:
         """Tell every node that the run grows back at the ranks' next checkpoint."""

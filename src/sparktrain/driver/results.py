@@ -46,7 +46,8 @@ class Rescale:
     """One change of an elastic run's size.
 
     Attributes:
-        cause: ``"lost"`` (capacity was lost) or ``"grew"`` (capacity returned).
+        cause: ``"lost"`` (capacity was lost), ``"grew"`` (capacity returned) or
+            ``"preempted"`` (a node left on notice, in place: no step lost).
         detail: What was lost (which node or rank, and how), or what returned.
         old_world_size: Ranks before.
         new_world_size: Ranks after.
@@ -55,19 +56,28 @@ class Rescale:
         resumed_step: The checkpoint step rank 0 resumed from (``None`` if it did not call
             ``sparktrain.checkpoint.load_latest``).
         resume_seconds: From ``at`` to rank 0's resume (``None`` likewise).
+        in_place: The survivors went on in place (``in_place=True``): no restart, no
+            checkpoint read.
     """
 
-    cause: Literal["lost", "grew"]
+    cause: Literal["lost", "grew", "preempted"]
     detail: str
     old_world_size: int
     new_world_size: int
     at: float
     resumed_step: int | None = None
     resume_seconds: float | None = None
+    in_place: bool = False
 
     def describe(self) -> str:
         """The one line that tells a user what happened."""
-        what = f"lost {self.detail}" if self.cause == "lost" else f"grew: {self.detail}"
+        what = f"grew: {self.detail}" if self.cause == "grew" else f"{self.cause} {self.detail}"
+        if self.in_place:
+            lost = "the step in flight" if self.cause == "lost" else "no step"
+            return (
+                f"sparktrain: elastic: {what}; the {self.new_world_size} rank(s) left go on in "
+                f"place (was {self.old_world_size}): no restart, no checkpoint read, {lost} lost"
+            )
         return f"sparktrain: elastic: {what}; {self.resumed()}"
 
     def resumed(self) -> str:

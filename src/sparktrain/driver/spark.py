@@ -23,15 +23,18 @@ import cloudpickle
 from sparktrain.contract.report import NodeReport
 from sparktrain.contract.spec import NodeSpec
 from sparktrain.driver.backend import Attempt, Backend, Nodes, Polled
+from sparktrain.driver.monitor import say
 from sparktrain.driver.remote import RemoteNodes
 from sparktrain.driver.spark_conf import check_encryption
-from sparktrain.driver.spark_executors import forget_hosts
+from sparktrain.driver.spark_executors import decommissioned, forget_hosts
 from sparktrain.errors import ClusterError, ConfigError
 from sparktrain.launchplan.front import LAUNCH, FrontDoor
 from sparktrain.launchplan.layout import ClusterFacts, LaunchPlan, make_cluster_plan
 from sparktrain.node.spark_task import run_node
 
 SCHEMA = "node long, report binary"
+#: In place: how often the driver asks Spark which of the run's executors it decommissions.
+DECOMMISSION_LOOK_SECONDS = 1.0
 
 
 def active_session() -> Any:
@@ -192,6 +195,7 @@ class SparkBackend(Backend):
     """One barrier task per node on the active SparkSession's executors."""
 
     name: ClassVar[str] = "spark"
+    in_place: ClassVar[bool] = True  # notices (decommissioning); a sudden loss restarts
 
     def __init__(self, session: Any = None, *, front: FrontDoor = LAUNCH) -> None:
         """Use ``session``, or the active SparkSession (a :class:`ConfigError` without one).
@@ -200,6 +204,10 @@ class SparkBackend(Backend):
         """
         self.session = session if session is not None else active_session()
         self.front = front
+
+    def store_host(self) -> str:
+        """The address at which executors reach this process."""
+        return _channel_host(self.session)
 
     def layout(self, num_processes: object, *, use_gpu: object, name: str) -> LaunchPlan:
         """One rank per task on CPU, one per GPU of a task on GPU; checks the free slots."""
@@ -233,6 +241,8 @@ class SparkNodes(RemoteNodes):
         """Open the channel and submit the job (it runs in a helper thread)."""
         super().__init__(attempt, _channel_host(session))
         self.session = session
+        self.monitor = attempt.monitor
+        self._next_look = 0.0
         try:
             plan = attempt.plan
             frame = session.range(0, plan.nodes, 1, plan.nodes)
@@ -252,6 +262,7 @@ class SparkNodes(RemoteNodes):
         """
         if self.job.thread.is_alive():
             failed = self.pump(wait)
+            self._watch_decommissioning()
             if self.printer.lost and not self.cancelled:
                 self.cancelled = True
                 self.stop_nodes()
@@ -285,6 +296,25 @@ class SparkNodes(RemoteNodes):
         reports: list[NodeReport] = [cloudpickle.loads(row.report) for row in self.job.rows]
         self.drain(sum(1 for report in reports if not report.setup_errors))
         return Polled(reports=reports)
+
+    #: A lost executor fails the barrier stage: Spark ends every task, so no survivor is left.
+    shrinks_in_place: ClassVar[bool] = False
+
+    def _watch_decommissioning(self) -> None:
+        """In place: the ranks of a node whose executor is being decommissioned leave now."""
+        now = time.monotonic()
+        if self.generations is None or is_connect(self.session) or now < self._next_look:
+            return
+        self._next_look = now + DECOMMISSION_LOOK_SECONDS
+        watched = {e: n for n, e in self.printer.executors.items() if n not in self.printer.noticed}
+        for executor in decommissioned(self.session, watched):
+            node = watched[executor]
+            ranks = self.preempt(node)
+            say(
+                f"sparktrain: elastic: executor {executor} (node {node}) is being "
+                f"decommissioned: its rank(s) {list(ranks)} leave at the end of their step",
+                self.monitor,
+            )
 
     def cancel(self, *, force: bool) -> None:
         """Tell every node to stop its ranks; or cancel the Spark job."""

@@ -47,3 +47,14 @@ def forget_hosts(session: Any, hosts: Collection[str]) -> list[str]:
         if removed:
             sc.requestExecutors(len(removed))
     return removed
+
+
+def decommissioned(session: Any, executors: Collection[str]) -> list[str]:
+    """The ``executors`` Spark is decommissioning (``spark.decommission.enabled``; classic).
+
+    Spark tells a running task nothing when its executor is decommissioned (the task runs on,
+    and the executor exits once its tasks end); the driver's scheduler knows within about a
+    second (``TaskSchedulerImpl.isExecutorDecommissioned``, Spark 3.1 and later).
+    """
+    scheduler = session.sparkContext._jsc.sc().taskScheduler()
+    return [e for e in executors if bool(scheduler.isExecutorDecommissioned(e))]

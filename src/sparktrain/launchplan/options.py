@@ -185,6 +185,14 @@ class RunOptions:
         "once the capacity returns",
         cli=bool,
     )
+    in_place: bool = _option(
+        False,
+        _flag,
+        "in an elastic run, keep the surviving ranks in place on a loss (model, optimizer and "
+        "data in memory; the training loop uses sparktrain.elastic.in_place) instead of "
+        "restarting them from the checkpoint (see docs/elastic.md, 'In place')",
+        cli=bool,
+    )
     max_rescales: int = _option(
         10,
         _restarts,
@@ -278,6 +286,12 @@ class RunOptions:
                 f"fewest ranks an elastic run goes on with must be at most its full size: pass "
                 f"min_processes<={world_size}."
             )
+        if self.in_place and self.min_processes is None:
+            raise ConfigError(
+                "in_place=True keeps the survivors of an elastic run in place, but this run is "
+                "not elastic: pass min_processes (for example "
+                f"min_processes={max(1, world_size - 1)}), or leave in_place out."
+            )
         if self.log_ranks is None:
             return
         outside = sorted(r for r in self.log_ranks if r >= world_size)
@@ -296,6 +310,7 @@ class RunOptionsArgs(TypedDict, total=False):
     max_restarts: int
     min_processes: int | None
     grow_back: bool
+    in_place: bool
     max_rescales: int
     heartbeat_timeout: float | None
     exit_grace: float

@@ -28,6 +28,7 @@ from sparktrain.contract.outcome import Control, NodeOutcome, RankExit
 from sparktrain.contract.paths import stack_path, wait_path
 from sparktrain.node import stacks
 from sparktrain.node.logs import LogSink, Stream
+from sparktrain.node.notice import Notice
 from sparktrain.node.warm import ForkServer
 from sparktrain.rank import extensions
 from sparktrain.rank.worker import RankRequest
@@ -60,6 +61,7 @@ class NodeAgent:
         on_exit: Callable[[RankExit], None] | None = None,
         hang_timeout: float | None = None,
         exit_grace: float = 10.0,
+        notice: Notice | None = None,
     ) -> None:
         """Prepare to run ``requests`` (one per rank) on ``server``.
 
@@ -76,6 +78,8 @@ class NodeAgent:
                 ranks' stacks are taken and the node is stopped.
             exit_grace: Seconds a rank that recorded its outcome gets to exit before it is
                 killed.
+            notice: Set when the node gets a preemption notice (in place): the ranks get
+                SIGTERM, and no SIGKILL follows; they leave at the end of their step.
         """
         self.server = server
         self.requests = list(requests)
@@ -87,6 +91,7 @@ class NodeAgent:
         self.on_exit = on_exit
         self.hang_timeout = hang_timeout
         self.exit_grace = exit_grace
+        self.notice = notice
         self._finished: dict[int, tuple[int, float]] = {}  # rank -> (recorded code, when)
         self._lingering: set[int] = set()
         self._last_progress = time.monotonic()
@@ -138,6 +143,8 @@ class NodeAgent:
                     self._on_event()
                 elif key.data == "control":
                     self._on_control(key.fd)
+                elif key.data == "notice":
+                    self._pass_notice()
                 else:
                     self._on_output(key.fd, *key.data)
             self._check_clocks(self._started)
@@ -168,6 +175,8 @@ class NodeAgent:
         self._selector.register(self.server.fileno(), selectors.EVENT_READ, None)
         if self.control is not None:
             self._selector.register(self.control.fileno(), selectors.EVENT_READ, "control")
+        if self.notice is not None:
+            self._selector.register(self.notice.fileno(), selectors.EVENT_READ, "notice")
         for request in self.requests:
             pipes = [os.pipe() for _ in _PIPES]  # (read, write) for each of _PIPES
             fds = [w for _, w in pipes]
@@ -329,6 +338,13 @@ class NodeAgent:
             self.stop()
         elif heard == "busy":  # another node's rank builds an op, and ours wait for it
             self._last_progress = time.monotonic()
+
+    def _pass_notice(self) -> None:
+        """Pass the node's preemption notice on to its running ranks (SIGTERM, no SIGKILL)."""
+        if self.notice is not None and self.notice.take():
+            for _, pid in self._running():
+                self.server.signal(pid, signal.SIGTERM)
+            self.notice.passed()
 
     def _on_event(self) -> None:
         event = self.server.receive()

@@ -32,7 +32,9 @@ def main(argv: list[str]) -> int:
     run_dir = ""
     try:
         run_dir = prepare_run_dir(spec, "node")
-        report = run_connected(spec, place, run_dir=run_dir, listener=listener)
+        report = run_connected(
+            spec, place, run_dir=run_dir, listener=listener, sigterm_is_notice=True
+        )
     except Exception as exc:
         if listener is not None:
             listener.close()

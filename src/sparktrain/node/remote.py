@@ -19,6 +19,7 @@ from sparktrain.contract.paths import grow_path
 from sparktrain.contract.report import NodeReport
 from sparktrain.contract.spec import NodeSpec, Place
 from sparktrain.node.logs import LogSink, Stream
+from sparktrain.node.notice import Notice, on_sigterm
 from sparktrain.node.runner import NodeRun
 
 #: Seconds between the ``busy`` messages a node sends the driver (its ranks send one a second).
@@ -51,7 +52,13 @@ class ChannelSink(LogSink):
 
 
 def run_connected(
-    spec: NodeSpec, place: Place, *, run_dir: str, listener: socket.socket | None
+    spec: NodeSpec,
+    place: Place,
+    *,
+    run_dir: str,
+    listener: socket.socket | None,
+    sigterm_is_notice: bool = False,
+    executor: str | None = None,
 ) -> NodeReport:
     """Run one node's ranks to the end, connected to the driver; its report.
 
@@ -60,6 +67,9 @@ def run_connected(
         place: Where this node is (index, host, rendezvous address, GPUs).
         run_dir: This node's run directory (the payload already written).
         listener: Node 0's bound rendezvous socket (``None`` on other nodes); closed here.
+        sigterm_is_notice: In an in-place run, a SIGTERM to this process (the main thread's)
+            is a preemption notice passed on to the ranks (:mod:`sparktrain.node.notice`).
+        executor: The Spark executor this node runs in, for the driver to watch (in place).
     """
     if spec.channel is None or spec.secret is None:
         raise ValueError("a remote node needs the driver's channel address and secret")
@@ -72,17 +82,33 @@ def run_connected(
     try:
         ranks = spec.ranks_of(place.node)
         channel.send(
-            {"kind": "hello", "node": place.node, "host": place.host, "ranks": list(ranks)}
+            {
+                "kind": "hello",
+                "node": place.node,
+                "host": place.host,
+                "ranks": list(ranks),
+                "executor": executor,
+            }
         )
         channel.on_grow = lambda: grow_path(run_dir).touch()
 
         def on_exit(ended: RankExit) -> None:
             channel.send({"kind": "exit", "rank": ended.rank, "code": ended.exit_code})
 
-        report = NodeRun(
-            spec, place, run_dir=run_dir, listener=listener,
-            sink=ChannelSink(channel, spec.options.log_ranks), control=channel, on_exit=on_exit,
-        ).run()  # fmt: skip
+        notice = None
+        if sigterm_is_notice and spec.options.in_place:
+            told = {"kind": "notice", "node": place.node, "host": place.host}
+            notice = Notice(lambda: channel.send(told))
+        try:
+            with on_sigterm(notice):
+                report = NodeRun(
+                    spec, place, run_dir=run_dir, listener=listener,
+                    sink=ChannelSink(channel, spec.options.log_ranks), control=channel,
+                    on_exit=on_exit, notice=notice,
+                ).run()  # fmt: skip
+        finally:
+            if notice is not None:
+                notice.close()
         channel.send({"kind": "bye", "node": place.node})
         return report
     finally:

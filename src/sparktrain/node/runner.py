@@ -23,6 +23,7 @@ from sparktrain.contract.spec import NodeSpec, Place
 from sparktrain.node import interfaces, warm
 from sparktrain.node.agent import NodeAgent
 from sparktrain.node.logs import LogSink
+from sparktrain.node.notice import Notice
 from sparktrain.rank import rundirs
 from sparktrain.rank.worker import RankRequest
 
@@ -68,6 +69,8 @@ def rank_requests(
     """
     base = {**env.caller_environ(), **(spec.options.env or {}), **(spec.extra_env or {})}
     base.update(interfaces.ifname_environ(place.address or place.master[0], base))
+    if place.joining:
+        base[env.IN_PLACE_JOIN] = "1"
     requests = []
     for local, rank in enumerate(spec.ranks_of(place.node)):
         rank_env = env.RankEnv(
@@ -117,6 +120,7 @@ class NodeRun:
         sink: LogSink,
         control: Control | None = None,
         on_exit: Callable[[RankExit], None] | None = None,
+        notice: Notice | None = None,
     ) -> None:
         """Prepare the node's ranks; nothing starts until :meth:`start` (or :meth:`run`).
 
@@ -129,6 +133,7 @@ class NodeRun:
             sink: Where the ranks' lines and reports go.
             control: Tells the node to stop (the driver's channel, or the caller's monitor).
             on_exit: Called with each rank's exit as soon as it is seen.
+            notice: A preemption notice to pass on to the ranks (in place), or ``None``.
         """
         self.spec, self.place, self.run_dir, self.sink = spec, place, run_dir, sink
         self.requests = rank_requests(spec, place, run_dir=run_dir)
@@ -150,6 +155,7 @@ class NodeRun:
             on_exit=on_exit,
             hang_timeout=options.hang_timeout,
             exit_grace=options.exit_grace,
+            notice=notice,
         )
 
     def start(self) -> None:

@@ -13,6 +13,7 @@ its one row. A rank failure never fails the task: the driver turns reports into 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 from collections.abc import Iterator
@@ -87,4 +88,14 @@ def _run(spec: NodeSpec, ctx: Any, *, node: int, hosts: list[str], run_dir: str)
         return NodeReport.not_started(node, host, errors)
     master = (hosts[0], gathered[0]["port"])
     place = Place(node, host, master, gpus, address=host)
-    return run_connected(spec, place, run_dir=run_dir, listener=listener)
+    return run_connected(spec, place, run_dir=run_dir, listener=listener, executor=_executor())
+
+
+def _executor() -> str | None:
+    """This task's executor id, where a standalone worker shows it, or ``None``.
+
+    The worker starts an executor in ``<workDir>/<appId>/<executorId>``; the driver watches that
+    executor for decommissioning (in place).
+    """
+    name = os.path.basename(os.getcwd())
+    return name if name.isdigit() else None

@@ -1,0 +1,73 @@
+"""The keys of an in-place elastic run's store, as the driver and every rank name them.
+
+The store (``torch.distributed.TCPStore``, hosted by the driver so that it outlives every rank)
+holds, for generation ``g``: ``members/<g>`` (its ranks' first ranks, in order, JSON),
+``abort/<g>`` (set by the first rank that sees a peer fail), ``state/<g>/<rank>`` (each
+survivor's committed step count), and the group's own keys under the prefix ``g<g>``. Requests
+to the running group (ranks to let go, ranks that join) are ``request/<k>``, numbered by the
+counter ``request_slots``; ``joined/<rank>`` tells a joiner the generation it is in,
+``gone/<rank>`` that a rank left on notice, and ``finished`` that the run read its data to the
+end.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+SLOTS = "request_slots"
+FINISHED = "finished"
+
+
+def members(generation: int) -> str:
+    """The key of generation ``generation``'s members."""
+    return f"members/{generation}"
+
+
+def joined(rank: int) -> str:
+    """The key that tells joining ``rank`` the generation it is let into."""
+    return f"joined/{rank}"
+
+
+def gone(rank: int) -> str:
+    """The key a rank sets when it left the group on notice (its committed step count)."""
+    return f"gone/{rank}"
+
+
+def latest(store: Any, known: int) -> int:
+    """The latest generation named in ``store``, looking on from ``known``."""
+    while store.check([members(known + 1)]):
+        known += 1
+    return known
+
+
+def post(store: Any, request: dict[str, list[int]]) -> None:
+    """Ask the group to let ranks go (``leave``) or in (``join``) at its next step's end."""
+    slot = int(store.add(SLOTS, 1)) - 1
+    store.set(f"request/{slot}", json.dumps(request))
+
+
+def posted(store: Any, seen: int) -> int:
+    """How many requests are readable, in order, counting on from ``seen`` known ones."""
+    slots = int(store.add(SLOTS, 0))
+    while seen < slots and store.check([f"request/{seen}"]):
+        seen += 1
+    return seen
+
+
+def request(store: Any, number: int) -> dict[str, list[int]]:
+    """Request ``number`` (it is readable: :func:`posted` counted it)."""
+    return dict(json.loads(store.get(f"request/{number}")))
+
+
+def host_store(world_size: int, host: str = "127.0.0.1") -> tuple[Any, str]:
+    """A store on ``host`` at a free port naming generation 0; the store and its address."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore(  # type: ignore[attr-defined]
+        host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60)
+    )
+    store.set(members(0), json.dumps(list(range(world_size))))
+    return store, f"{host}:{store.port}"

@@ -1,0 +1,134 @@
+"""The driver's side of elastic in place: the runs in progress, and ``sparktrain.preempt``.
+
+An in-place attempt (``launch(..., in_place=True)``) hosts its ranks' store in the driver
+(:func:`sparktrain.contract.inplace.host_store`) and registers its nodes here while it runs, so
+that :func:`preempt`, called from the driver's process (a callback, another thread), can ask
+the ranks of a node to leave at the end of their current step: the step commits, their share
+of the data goes to the others, and nothing is trained again.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Literal
+
+from sparktrain.contract.inplace import gone, joined, latest, members, post
+from sparktrain.driver.monitor import Monitor, say
+from sparktrain.driver.results import Rescale
+from sparktrain.errors import ConfigError
+
+if TYPE_CHECKING:
+    from sparktrain.driver.backend import Nodes
+
+_LOCK = threading.Lock()
+_RUNNING: list[Nodes] = []
+
+
+@contextmanager
+def running(nodes: Nodes) -> Iterator[None]:
+    """While inside, :func:`preempt` reaches ``nodes``."""
+    with _LOCK:
+        _RUNNING.append(nodes)
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _RUNNING.remove(nodes)
+
+
+def preempt(node: int | str) -> tuple[int, ...]:
+    """Let a node of the in-place run in progress go without losing a step (a notice).
+
+    Its ranks leave the group at the end of their current step, which commits on every rank;
+    the others divide the rest of the data among themselves and go on. The run's
+    ``RunResult.rescales`` gets a ``"preempted"`` entry once the node has ended.
+
+    Args:
+        node: The node's index in the run, or its host name as the logs show it.
+
+    Returns:
+        The ranks that leave.
+
+    Raises:
+        ConfigError: No in-place run is in progress in this process, or none has that node.
+    """
+    with _LOCK:
+        runs = list(_RUNNING)
+    if not runs:
+        raise ConfigError(
+            f"preempt({node!r}): no in-place run is in progress in this process; call it while "
+            "launch(..., in_place=True) runs (from on_report, or another thread)."
+        )
+    for nodes in reversed(runs):
+        ranks = nodes.preempt(node)
+        if ranks:
+            return ranks
+    raise ConfigError(
+        f"preempt({node!r}): no in-place run in progress has that node; pass a node index of "
+        "the run or a host name its logs show (for example 'node1'), of a node still running."
+    )
+
+
+class Generations:
+    """An in-place attempt's record on the driver: its ranks' store, and the rescales.
+
+    The ranks re-form on their own when ranks leave or join; the driver names the survivors when
+    nodes are lost, as the generation after the latest one in the store.
+    """
+
+    def __init__(self, store: Any, world_size: int, monitor: Monitor | None) -> None:
+        """Follow the ranks of ``store`` (the attempt's, hosted here), ``world_size`` at first."""
+        self.store, self.world, self.monitor = store, world_size, monitor
+        self.generation = 0  # the latest the driver knows of
+        self.rescales: list[Rescale] = []
+        self.joining: dict[tuple[int, ...], str] = {}  # ranks started to join -> what they are
+
+    def lose(self, ranks: set[int], detail: str) -> bool:
+        """The group's ``ranks`` are gone: name the others as the next generation.
+
+        Returns ``False`` when no rank of the group would be left.
+        """
+        self.generation = latest(self.store, self.generation)
+        group = json.loads(self.store.get(members(self.generation)))
+        if not ranks & set(group):  # a joiner lost before it was let in: the group is whole
+            self.joining = {r: d for r, d in self.joining.items() if not ranks & set(r)}
+            return True
+        survivors = [rank for rank in group if rank not in ranks]
+        if not survivors:
+            return False
+        self.generation += 1
+        self.store.set(members(self.generation), json.dumps(survivors))
+        self._note("lost", detail, len(group), len(survivors))
+        return True
+
+    def leave(self, ranks: tuple[int, ...]) -> None:
+        """Ask ``ranks`` to leave at the end of their current step (a notice)."""
+        post(self.store, {"leave": list(ranks)})
+
+    def left(self, ranks: tuple[int, ...], detail: str) -> None:
+        """A noticed node ended: a rescale if its ``ranks`` left (not if the run ended first)."""
+        if self.store.check([gone(rank) for rank in ranks]):
+            self._note("preempted", detail, self.world, self.world - len(ranks))
+
+    def join(self, ranks: tuple[int, ...], detail: str) -> None:
+        """``ranks`` were started to join the group (they ask in once they have started)."""
+        self.joining[ranks] = detail
+
+    def check_joined(self) -> None:
+        """Record each joining node whose ranks are in (the group let them in: ``joined/<r>``)."""
+        for ranks, detail in list(self.joining.items()):
+            if self.store.check([joined(rank) for rank in ranks]):
+                del self.joining[ranks]
+                self._note("grew", detail, self.world, self.world + len(ranks))
+
+    def _note(
+        self, cause: Literal["lost", "grew", "preempted"], detail: str, old: int, new: int
+    ) -> None:
+        self.world = new
+        rescale = Rescale(cause, detail, old, new, time.time(), in_place=True)
+        self.rescales.append(rescale)
+        say(rescale.describe(), self.monitor)

@@ -1,0 +1,306 @@
+"""Elastic in place: a step commits only when every rank reduced it; a loss costs one step.
+
+The ranks of generation ``g`` form their group over ``PrefixStore("g<g>", store)`` with the
+members named under ``members/<g>`` (their first ranks, in order). The store outlives every rank
+(the driver hosts it). The gradients are views into one flat buffer, so ``backward()`` writes
+them where the reduction reads them; its tail carries each rank's notice that it leaves and, from
+the generation's rank 0, how many of the driver's requests (``request/<k>``: ranks to let go,
+ranks that join) it has seen. Each step is one all-reduce of that buffer (asynchronous, the
+generation's ``abort/<g>`` key looked at every few milliseconds while it runs: a rank whose
+peer stopped taking part is woken at once instead of waiting for the group's timeout); then the
+optimizer steps.
+
+A rank that completes the all-reduce knows every rank contributed to it, so the committed step
+counts of any two ranks differ by at most one. On a failure the rank sets ``abort/<g>``, writes
+its committed count under ``state/<g>/<rank>``, leaves the group and waits for the survivors,
+named under ``members/<g+1>``. They form generation ``g+1``; if some completed the step in flight
+and others did not, the first of those that did sends its model, optimizer and data state to
+the group (a broadcast, no disk), else the step is dropped everywhere. The data is divided again
+at the new size from its in-memory state (``StreamingDataset.load_state_dict`` at another world
+size reads every row once). A joining rank is healed by the same broadcast.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+from sparktrain.contract.inplace import FINISHED, gone, joined, members, post, posted, request
+from sparktrain.errors import ConfigError
+
+#: How often a rank waiting on a collective looks at its generation's abort key (seconds).
+ABORT_POLL_SECONDS = 0.01
+#: How often the generation's rank 0 looks for the driver's requests (seconds).
+REQUEST_POLL_SECONDS = 0.2
+#: How long the survivors wait for the driver to name the next generation (seconds).
+MEMBERS_TIMEOUT = 60.0
+
+
+def _on_sigterm(leave: Callable[[], None]) -> None:
+    """A SIGTERM (the cloud's or Spark's notice) makes the rank leave at the step's end."""
+    import signal
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda signum, frame: leave())
+
+
+class Aborted(RuntimeError):
+    """A peer of this generation failed: the collective was left, not finished."""
+
+
+class InPlace:
+    """One rank of an in-place elastic run: its model, optimizer and data stay in memory.
+
+    Args:
+        model: The module (plain, not wrapped in DDP: this class reduces its gradients).
+        optimizer: Its optimizer (``step()`` steps it and zeroes the gradients).
+        make_data: ``make_data(rank, world_size)``: this rank's dataset at a size (a
+            ``sparktrain.data`` dataset, whose ``state_dict`` resumes at any size).
+        store: The run's store, kept outside the ranks (a ``torch.distributed.Store``).
+        me: This rank's first rank (its name in ``members/<g>``).
+        timeout: The group's timeout for a collective.
+        joining: This rank joins a running group: it waits until the survivors let it in
+            (``joined/<me>``) and takes their state.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        optimizer: Any,
+        make_data: Callable[[int, int], Any],
+        *,
+        store: Any,
+        me: int,
+        timeout: float = 30.0,
+        joining: bool = False,
+    ) -> None:
+        self.model, self.optimizer, self.make_data = model, optimizer, make_data
+        self.store, self.me, self.timeout = store, me, timeout
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        devices = sorted({str(p.device) for p in self.params})
+        if devices != ["cpu"]:
+            raise ConfigError(
+                f"sparktrain.elastic.in_place trains a model on the CPU over gloo today; this one "
+                f"has parameters on {devices}. Keep the model on the CPU, or leave in_place out "
+                "(an elastic run then restarts from its checkpoint on GPUs)."
+            )
+        self.generation = 0
+        self.members: list[int] = []
+        self.steps = 0  # committed
+        self.dropped = 0
+        self.requests_done = 0  # the driver's requests acted on
+        self._requests_seen = 0
+        self._next_look = 0.0
+        self.data: Any = None
+        self.data_state: dict[str, Any] | None = None  # at the last committed step
+        self._reshard = False
+        self.leaving = False  # set by SIGTERM (a preemption notice) or leave()
+        self.left = False  # this rank left the group at a step boundary
+        if joining:  # ask in when ready: the group does not wait on this rank's start
+            post(self.store, {"join": [me]})
+            if self._let_in():
+                self._form()
+                self._heal(0)
+            else:  # the run ended first
+                self.left = True
+        else:
+            self._form()
+            import torch.distributed as dist
+
+            for tensor in self.model.state_dict().values():  # rank 0's weights, as DDP does
+                dist.broadcast(tensor, 0)
+        _on_sigterm(self.leave)
+
+    def _let_in(self) -> bool:
+        """Wait until the group lets this joiner in (``True``) or the run ends (``False``)."""
+        key, deadline = joined(self.me), time.monotonic() + MEMBERS_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.store.check([key]):
+                self.generation = int(self.store.get(key))
+                return True
+            if self.store.check([FINISHED]):
+                return False
+            time.sleep(0.02)
+        raise TimeoutError(f"rank {self.me} was not let in within {MEMBERS_TIMEOUT:.0f} s")
+
+    def leave(self) -> None:
+        """Leave the run at the end of the current step (the others go on without this rank)."""
+        self.leaving = True
+
+    @property
+    def rank(self) -> int:
+        """This rank's place in the current generation."""
+        return self.members.index(self.me)
+
+    @property
+    def world_size(self) -> int:
+        """The current generation's size."""
+        return len(self.members)
+
+    # -- the group -----------------------------------------------------------------------------
+    def _form(self) -> None:
+        """Join generation ``self.generation``; the gradients become views of a new buffer."""
+        import torch
+        import torch.distributed as dist
+
+        key = members(self.generation)
+        self.store.wait([key], timedelta(seconds=MEMBERS_TIMEOUT))
+        self.members = json.loads(self.store.get(key))
+        if self.me not in self.members:
+            raise ConfigError(f"rank {self.me} is not a member of generation {self.generation}")
+        # Every member must name the group alike ("0"): torch names it from a counter that a
+        # destroy after a failed collective does not always reset (torch 2.13), so a survivor
+        # and a joiner would wait on each other's keys under different names.
+        world = getattr(dist.distributed_c10d, "_world", None)
+        if world is not None and hasattr(world, "group_count"):
+            world.group_count = 0
+        dist.init_process_group(
+            "gloo",
+            store=dist.PrefixStore(f"g{self.generation}", self.store),  # type: ignore[attr-defined]
+            rank=self.members.index(self.me),
+            world_size=len(self.members),
+            timeout=timedelta(seconds=self.timeout),
+        )
+        size = sum(p.numel() for p in self.params)
+        self.flat = torch.zeros(size + self.world_size + 1, dtype=self.params[0].dtype)
+        self.grads = self.flat[:size]
+        self.tail = self.flat[size:]
+        self.views, offset = [], 0
+        for p in self.params:
+            view = self.grads[offset : offset + p.numel()].view_as(p)
+            p.grad = view
+            self.views.append(view)
+            offset += p.numel()
+
+    def _heal(self, source: int) -> None:
+        """Everyone takes the state of the group's rank ``source`` (a broadcast, no disk)."""
+        import torch.distributed as dist
+
+        for tensor in self.model.state_dict().values():
+            dist.broadcast(tensor, source)
+        sent = [(self.optimizer.state_dict(), self.data_state, self.steps, self.requests_done)]
+        dist.broadcast_object_list(sent, source)
+        if self.rank != source:
+            optimizer_state, self.data_state, self.steps, self.requests_done = sent[0]
+            self.optimizer.load_state_dict(optimizer_state)
+        self._requests_seen = self.requests_done
+
+    def _reduce(self) -> None:
+        import torch.distributed as dist
+
+        work = dist.all_reduce(self.flat, async_op=True)
+        done = threading.Event()
+        work.get_future().add_done_callback(lambda _: done.set())
+        abort = f"abort/{self.generation}"
+        while not done.wait(ABORT_POLL_SECONDS):  # woken at once when the work ends
+            if self.store.check([abort]):
+                raise Aborted(f"a peer of generation {self.generation} failed")
+        work.wait()
+
+    # -- the loop --------------------------------------------------------------------------------
+    def batches(self) -> Iterator[Any]:
+        """This rank's batches; after a rescale, the rest of the epoch divided anew."""
+        while not self.left:
+            self.data = self.make_data(self.rank, self.world_size)
+            if self.data_state is not None:
+                self.data.load_state_dict(self.data_state)
+            self._reshard = False
+            for batch in self.data:
+                yield batch
+                if self._reshard or self.left:
+                    break
+            else:
+                self.store.set(FINISHED, "1")  # a joiner still waiting need not
+                return
+
+    def step(self) -> bool:
+        """Reduce this step's gradients; step the optimizer if every rank did.
+
+        Returns ``True`` if the step committed (after a loss, the survivors have re-formed
+        either way, and the data is divided among them).
+        """
+        for p, view in zip(self.params, self.views, strict=True):
+            if p.grad is not view:  # the loop set the gradients to None or replaced them
+                if p.grad is None:
+                    view.zero_()
+                else:
+                    view.copy_(p.grad)
+                p.grad = view
+        self.tail.zero_()
+        self.tail[self.rank] = float(self.leaving)
+        if self.rank == 0 and time.monotonic() >= self._next_look:
+            self._requests_seen = posted(self.store, self._requests_seen)
+            self._next_look = time.monotonic() + REQUEST_POLL_SECONDS
+        self.tail[-1] = float(self._requests_seen if self.rank == 0 else 0)
+        try:
+            self._reduce()
+        except RuntimeError:  # Aborted too
+            return self._recover()
+        self._commit()
+        return True
+
+    def _commit(self) -> None:
+        world = self.world_size
+        flags = self.tail.tolist()
+        self.grads.div_(world)
+        self.optimizer.step()
+        self.flat.zero_()
+        self.steps += 1
+        if self.data is not None:
+            self.data_state = self.data.state_dict()
+        leavers = [m for m, flag in zip(self.members, flags[:world], strict=True) if flag > 0]
+        joiners: list[int] = []
+        for k in range(self.requests_done, int(flags[-1])):
+            asked = request(self.store, k)
+            leavers += [m for m in asked.get("leave", ()) if m in self.members]
+            joiners += [m for m in asked.get("join", ()) if m not in self.members]
+        self.requests_done = max(self.requests_done, int(flags[-1]))
+        if leavers or joiners:
+            self._part(leavers, joiners)
+
+    def _part(self, leavers: list[int], joiners: list[int]) -> None:
+        """After a committed step: the leavers go, the joiners come, the group forms again."""
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+        if self.me in leavers:
+            self.left = True
+            self.store.set(gone(self.me), str(self.steps))  # the driver records the rescale
+            return
+        self.generation += 1
+        group = [m for m in self.members if m not in leavers] + joiners
+        self.store.set(members(self.generation), json.dumps(group))  # each the same
+        for joiner in joiners:
+            self.store.set(joined(joiner), str(self.generation))
+        self._form()
+        if joiners:
+            self._heal(0)
+        self._reshard = True
+
+    def _recover(self) -> bool:
+        """Leave the failed generation, agree on the step, form the next one."""
+        import torch.distributed as dist
+
+        old = self.generation
+        self.store.set(f"abort/{old}", "1")
+        self.store.set(f"state/{old}/{self.me}", str(self.steps))
+        dist.destroy_process_group()
+        self.generation += 1
+        self.store.wait([members(self.generation)], timedelta(seconds=MEMBERS_TIMEOUT))
+        survivors = json.loads(self.store.get(members(self.generation)))
+        keys = [f"state/{old}/{m}" for m in survivors]
+        self.store.wait(keys, timedelta(seconds=MEMBERS_TIMEOUT))
+        counts = [int(self.store.get(k)) for k in keys]
+        mine, top = self.steps, max(counts)
+        self._form()  # a new buffer: the step in flight's gradients are gone
+        if min(counts) < top:  # some completed the step in flight: the others take it from them
+            self._heal(counts.index(top))
+        self._reshard = True
+        if self.steps > mine:
+            return True
+        self.dropped += 1
+        return False

@@ -1,0 +1,111 @@
+"""Elastic in place on a real two-node Ray cluster (``ray.cluster_utils.Cluster``).
+
+The worker node is removed mid-epoch: the rank on the head goes on in place (no restart, no
+checkpoint). A node is added back: the driver places a node there whose rank asks in and takes
+the live state from its peer by broadcast. The joiner's final state is bit-identical to the
+survivor's, and every row is trained once.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+import pytest
+
+import test_inplace
+from test_inplace import ROWS, _in_place_train
+
+cloudpickle.register_pickle_by_value(test_inplace)
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+
+@pytest.fixture
+def two_node_ray() -> Iterator[Any]:
+    """A head node and a worker node, one CPU each; Ray sees a node gone within about 2 s
+    (its health checks every 500 ms, dead after 3 missed; the default takes about 10 s)."""
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    saved = os.environ.get("RAY_AUTH_MODE")
+    saved_print = builtins.print  # ray.init replaces it in the driver and leaves it replaced
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    if ray.is_initialized():
+        ray.shutdown()
+    fast = {"health_check_period_ms": 500, "health_check_failure_threshold": 3}
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "include_dashboard": False, "_system_config": fast},
+    )
+    try:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address)
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        builtins.print = saved_print
+        if saved is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = saved
+
+
+def test_a_ray_node_removed_then_added_back_heals_from_a_live_peer(
+    two_node_ray: Any, tmp_path: Path
+) -> None:
+    import numpy as np
+
+    from sparktrain import launch
+
+    cluster = two_node_ray
+    worker = cluster.list_all_nodes()[-1]
+    (tmp_path / "data").mkdir()
+    (tmp_path / "logs").mkdir()
+    table = pa.table({"id": np.arange(ROWS), "x": np.linspace(0, 1, ROWS, dtype=np.float32)})
+    pq.write_table(table, tmp_path / "data" / "part-0.parquet", row_group_size=16)
+    events: list[str] = []
+
+    def on_report(rank: int, record: dict[str, Any]) -> None:
+        step = record.get("step")  # from either rank: which one the worker runs is Ray's choice
+        if step == 3 and not events:
+            events.append("removed")
+            cluster.remove_node(worker, allow_graceful=False)
+        elif step == 4 and events == ["removed"]:
+            events.append("added")
+            cluster.add_node(num_cpus=1)
+
+    result = launch(
+        _in_place_train,
+        (str(tmp_path / "data"), str(tmp_path / "logs"), 1.0),
+        num_processes=2,
+        backend="ray",
+        min_processes=1,
+        in_place=True,
+        on_report=on_report,
+        progress=False,
+    )
+    assert events == ["removed", "added"] and result.attempts == 1
+    causes = [(r.cause, r.old_world_size, r.new_world_size, r.in_place) for r in result.rescales]
+    assert causes == [("lost", 2, 1, True), ("grew", 1, 2, True)]
+    ends = {int(p.stem[3:]): json.loads(p.read_text()) for p in (tmp_path / "logs").glob("end*")}
+    survivor = min(ends)
+    assert sorted(ends) == [survivor, 2]  # one rank went with the worker node; rank 2 joined
+    kept, joined = ends[survivor], ends[2]
+    assert kept["weights"] == joined["weights"] and kept["bias"] == joined["bias"]
+    assert kept["steps"] == joined["steps"] and joined["world"] == 2
+    assert (tmp_path / "logs" / "rank2.txt").read_text(), "the joiner trained at size 2"
+    lines = [
+        line.split()
+        for p in (tmp_path / "logs").glob("rank*.txt")
+        for line in p.read_text().splitlines()
+    ]
+    assert sorted(int(i) for line in lines for i in line[2:]) == list(range(ROWS))
+    assert not list(tmp_path.glob("**/*.ckpt*"))

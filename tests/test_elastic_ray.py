@@ -9,6 +9,7 @@ checkpoint brings it back to two. Every row of the epoch is trained on exactly o
 from __future__ import annotations
 
 import builtins
+import contextlib
 import os
 import time
 from collections.abc import Iterator
@@ -25,8 +26,8 @@ from test_elastic import committed_ids, elastic_train, write_rows
 cloudpickle.register_pickle_by_value(test_elastic)
 
 
-@pytest.fixture
-def two_node_ray() -> Iterator[Any]:
+@contextlib.contextmanager
+def two_node_cluster(system_config: dict[str, Any] | None = None) -> Iterator[Any]:
     """A head node and a worker node, one CPU each, with this process connected."""
     ray = pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
@@ -36,9 +37,10 @@ def two_node_ray() -> Iterator[Any]:
     os.environ["RAY_AUTH_MODE"] = "disabled"
     if ray.is_initialized():
         ray.shutdown()
-    cluster = Cluster(
-        initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False}
-    )
+    head: dict[str, Any] = {"num_cpus": 1, "include_dashboard": False}
+    if system_config:
+        head["_system_config"] = system_config
+    cluster = Cluster(initialize_head=True, head_node_args=head)
     try:
         cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()
@@ -52,6 +54,13 @@ def two_node_ray() -> Iterator[Any]:
             os.environ.pop("RAY_AUTH_MODE", None)
         else:
             os.environ["RAY_AUTH_MODE"] = saved
+
+
+@pytest.fixture
+def two_node_ray() -> Iterator[Any]:
+    """A head node and a worker node, one CPU each, with this process connected."""
+    with two_node_cluster() as cluster:
+        yield cluster
 
 
 def test_a_lost_ray_node_shrinks_the_run_and_a_joining_one_grows_it(

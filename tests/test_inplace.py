@@ -254,6 +254,12 @@ def _wait_lines(path: Path, count: int) -> None:
     assert len(_lines_of(path)) >= count, f"{path} has fewer than {count} committed steps"
 
 
+def logged_rows(logs: Path) -> list[int]:
+    """The ids the ranks of ``_in_place_train`` logged as committed, sorted."""
+    lines = [line.split() for p in logs.glob("rank*.txt") for line in p.read_text().splitlines()]
+    return sorted(int(i) for line in lines for i in line[2:])
+
+
 def _lines(path: Path) -> list[str]:
     return path.read_text().split() if path.exists() else []
 
@@ -296,14 +302,10 @@ def _in_place_train(data_dir: str, log_dir: str, step_seconds: float) -> dict:
 def test_a_lost_node_of_a_local_cluster_costs_no_restart(tmp_path: Path) -> None:
     import time
 
-    import numpy as np
-
     from sparktrain import LocalCluster, launch
 
-    (tmp_path / "data").mkdir()
+    _table(tmp_path)
     (tmp_path / "logs").mkdir()
-    table = pa.table({"id": np.arange(ROWS), "x": np.linspace(0, 1, ROWS, dtype=np.float32)})
-    pq.write_table(table, tmp_path / "data" / "part-0.parquet", row_group_size=16)
     cluster = LocalCluster(nodes=3)
     killed: list[int] = []
 
@@ -329,26 +331,19 @@ def test_a_lost_node_of_a_local_cluster_costs_no_restart(tmp_path: Path) -> None
     assert "node 2" in lost.detail and result.world_size == 2
     values = [result.return_values[r] for r in (0, 1)]
     assert values[0]["world"] == 2 and values[0]["weights"] == values[1]["weights"]
-    lines = [
-        line.split()
-        for p in (tmp_path / "logs").glob("rank*.txt")
-        for line in p.read_text().splitlines()
-    ]
-    assert sorted(int(i) for line in lines for i in line[2:]) == list(range(ROWS))
+    assert logged_rows(tmp_path / "logs") == list(range(ROWS))
+    lines = [line.split() for p in (tmp_path / "logs").glob("rank*.txt") for line in _lines_of(p)]
     after = [float(line[0]) for line in lines if line[1] == "2"]
     print(f"in place: kill -> next committed step {min(after) - killed[0]:.3f} s")
     assert cluster.node_pids() == {}
 
 
 def test_node_0_may_go_too_since_the_driver_holds_the_store(tmp_path: Path) -> None:
-    import numpy as np
 
     from sparktrain import LocalCluster, launch
 
-    (tmp_path / "data").mkdir()
+    _table(tmp_path)
     (tmp_path / "logs").mkdir()
-    table = pa.table({"id": np.arange(ROWS), "x": np.linspace(0, 1, ROWS, dtype=np.float32)})
-    pq.write_table(table, tmp_path / "data" / "part-0.parquet", row_group_size=16)
     cluster = LocalCluster(nodes=3)
     killed: list[int] = []
 
@@ -371,12 +366,7 @@ def test_node_0_may_go_too_since_the_driver_holds_the_store(tmp_path: Path) -> N
     assert killed and result.attempts == 1 and result.world_size == 2
     values = [result.return_values[r] for r in (1, 2)]
     assert values[0]["world"] == 2 and values[0]["weights"] == values[1]["weights"]
-    lines = [
-        line.split()
-        for p in (tmp_path / "logs").glob("rank*.txt")
-        for line in p.read_text().splitlines()
-    ]
-    assert sorted(int(i) for line in lines for i in line[2:]) == list(range(ROWS))
+    assert logged_rows(tmp_path / "logs") == list(range(ROWS))
     assert cluster.node_pids() == {}
 
 
@@ -386,15 +376,11 @@ def test_a_notice_to_a_node_of_a_local_cluster_costs_no_step(tmp_path: Path, how
     notice): its rank leaves after its step commits, the others take its share, 0 steps lost."""
     import time
 
-    import numpy as np
-
     import sparktrain
     from sparktrain import LocalCluster, launch
 
-    (tmp_path / "data").mkdir()
+    _table(tmp_path)
     (tmp_path / "logs").mkdir()
-    table = pa.table({"id": np.arange(ROWS), "x": np.linspace(0, 1, ROWS, dtype=np.float32)})
-    pq.write_table(table, tmp_path / "data" / "part-0.parquet", row_group_size=16)
     cluster = LocalCluster(nodes=3)
     noticed: list[float] = []
 
@@ -425,12 +411,7 @@ def test_a_notice_to_a_node_of_a_local_cluster_costs_no_step(tmp_path: Path, how
     assert values[0]["weights"] == values[1]["weights"]
     assert [values[r]["dropped"] for r in (0, 1, 2)] == [0, 0, 0]
     assert values[2]["world"] == 3 and values[0]["world"] == 2
-    lines = [
-        line.split()
-        for p in (tmp_path / "logs").glob("rank*.txt")
-        for line in p.read_text().splitlines()
-    ]
-    assert sorted(int(i) for line in lines for i in line[2:]) == list(range(ROWS))
+    assert logged_rows(tmp_path / "logs") == list(range(ROWS))
     assert cluster.node_pids() == {}
 
 
@@ -450,14 +431,10 @@ def test_a_node_that_returns_joins_and_heals_from_a_live_peer(tmp_path: Path) ->
     joiner ends bit-identical to the survivor, every row once."""
     import time
 
-    import numpy as np
-
     from sparktrain import LocalCluster, launch
 
-    (tmp_path / "data").mkdir()
+    _table(tmp_path)
     (tmp_path / "logs").mkdir()
-    table = pa.table({"id": np.arange(ROWS), "x": np.linspace(0, 1, ROWS, dtype=np.float32)})
-    pq.write_table(table, tmp_path / "data" / "part-0.parquet", row_group_size=16)
     cluster = LocalCluster(nodes=2)
     killed: list[float] = []
 
@@ -485,12 +462,7 @@ def test_a_node_that_returns_joins_and_heals_from_a_live_peer(tmp_path: Path) ->
     assert sorted(ends) == [0, 2]  # rank 1 was killed; rank 2 joined
     assert ends[0]["weights"] == ends[2]["weights"] and ends[0]["bias"] == ends[2]["bias"]
     assert ends[0]["world"] == ends[2]["world"] == 2 and ends[2]["steps"] == ends[0]["steps"]
-    lines = [
-        line.split()
-        for p in (tmp_path / "logs").glob("rank*.txt")
-        for line in p.read_text().splitlines()
-    ]
-    assert sorted(int(i) for line in lines for i in line[2:]) == list(range(ROWS))
+    assert logged_rows(tmp_path / "logs") == list(range(ROWS))
     assert any(line[1] == "2" for line in _lines_of_rank(tmp_path, 2))  # it trained at size 2
     assert not list(tmp_path.glob("**/*.ckpt*"))
     assert cluster.node_pids() == {}
@@ -516,14 +488,11 @@ def test_in_place_refuses_a_model_it_cannot_reduce() -> None:
 def test_sigterm_to_a_rank_of_local_processes_is_a_notice(tmp_path: Path) -> None:
     """On the local backend (no nodes): SIGTERM to rank 2's process; it leaves after its step,
     the run ends well with every row once and no step lost."""
-    import numpy as np
 
     from sparktrain import launch
 
-    (tmp_path / "data").mkdir()
+    _table(tmp_path)
     (tmp_path / "logs").mkdir()
-    table = pa.table({"id": np.arange(ROWS), "x": np.linspace(0, 1, ROWS, dtype=np.float32)})
-    pq.write_table(table, tmp_path / "data" / "part-0.parquet", row_group_size=16)
     sent: list[int] = []
 
     def on_report(rank: int, record: dict) -> None:
@@ -546,9 +515,4 @@ def test_sigterm_to_a_rank_of_local_processes_is_a_notice(tmp_path: Path) -> Non
     assert [values[r]["dropped"] for r in (0, 1, 2)] == [0, 0, 0]
     assert values[2]["world"] == 3 and values[0]["world"] == values[1]["world"] == 2
     assert values[0]["weights"] == values[1]["weights"]
-    lines = [
-        line.split()
-        for p in (tmp_path / "logs").glob("rank*.txt")
-        for line in p.read_text().splitlines()
-    ]
-    assert sorted(int(i) for line in lines for i in line[2:]) == list(range(ROWS))
+    assert logged_rows(tmp_path / "logs") == list(range(ROWS))

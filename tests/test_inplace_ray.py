@@ -8,9 +8,7 @@ survivor's, and every row is trained once.
 
 from __future__ import annotations
 
-import builtins
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +17,8 @@ import cloudpickle
 import pytest
 
 import test_inplace
-from test_inplace import ROWS, _in_place_train
+from test_elastic_ray import two_node_cluster
+from test_inplace import ROWS, _in_place_train, _table, logged_rows
 
 cloudpickle.register_pickle_by_value(test_inplace)
 pa = pytest.importorskip("pyarrow")
@@ -30,47 +29,21 @@ pq = pytest.importorskip("pyarrow.parquet")
 def two_node_ray() -> Iterator[Any]:
     """A head node and a worker node, one CPU each; Ray sees a node gone within about 2 s
     (its health checks every 500 ms, dead after 3 missed; the default takes about 10 s)."""
-    ray = pytest.importorskip("ray")
-    from ray.cluster_utils import Cluster
-
-    saved = os.environ.get("RAY_AUTH_MODE")
-    saved_print = builtins.print  # ray.init replaces it in the driver and leaves it replaced
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    if ray.is_initialized():
-        ray.shutdown()
     fast = {"health_check_period_ms": 500, "health_check_failure_threshold": 3}
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 1, "include_dashboard": False, "_system_config": fast},
-    )
-    try:
-        cluster.add_node(num_cpus=1)
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address)
+    with two_node_cluster(fast) as cluster:
         yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-        builtins.print = saved_print
-        if saved is None:
-            os.environ.pop("RAY_AUTH_MODE", None)
-        else:
-            os.environ["RAY_AUTH_MODE"] = saved
 
 
 def test_a_ray_node_removed_then_added_back_heals_from_a_live_peer(
     two_node_ray: Any, tmp_path: Path
 ) -> None:
-    import numpy as np
 
     from sparktrain import launch
 
     cluster = two_node_ray
     worker = cluster.list_all_nodes()[-1]
-    (tmp_path / "data").mkdir()
+    _table(tmp_path)
     (tmp_path / "logs").mkdir()
-    table = pa.table({"id": np.arange(ROWS), "x": np.linspace(0, 1, ROWS, dtype=np.float32)})
-    pq.write_table(table, tmp_path / "data" / "part-0.parquet", row_group_size=16)
     events: list[str] = []
 
     def on_report(rank: int, record: dict[str, Any]) -> None:
@@ -102,10 +75,5 @@ def test_a_ray_node_removed_then_added_back_heals_from_a_live_peer(
     assert kept["weights"] == joined["weights"] and kept["bias"] == joined["bias"]
     assert kept["steps"] == joined["steps"] and joined["world"] == 2
     assert (tmp_path / "logs" / "rank2.txt").read_text(), "the joiner trained at size 2"
-    lines = [
-        line.split()
-        for p in (tmp_path / "logs").glob("rank*.txt")
-        for line in p.read_text().splitlines()
-    ]
-    assert sorted(int(i) for line in lines for i in line[2:]) == list(range(ROWS))
+    assert logged_rows(tmp_path / "logs") == list(range(ROWS))
     assert not list(tmp_path.glob("**/*.ckpt*"))

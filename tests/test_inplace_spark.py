@@ -24,6 +24,8 @@ pytest.importorskip("pyspark")
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
+from test_inplace import _table  # noqa: E402 - after the skips
+
 ROWS, BATCH = 96, 4
 
 
@@ -59,14 +61,11 @@ def _train(data_dir: str, log_dir: str, step_seconds: float) -> dict[str, Any]:
 
 
 def test_a_decommissioned_executor_costs_no_step(spark: Any, tmp_path: Path) -> None:
-    import numpy as np
 
     from sparktrain import launch
 
-    (tmp_path / "data").mkdir()
+    _table(tmp_path)
     (tmp_path / "logs").mkdir()
-    table = pa.table({"id": np.arange(ROWS), "x": np.linspace(0, 1, ROWS, dtype=np.float32)})
-    pq.write_table(table, tmp_path / "data" / "part-0.parquet", row_group_size=16)
     context = spark.sparkContext
     jvm = context._jvm
     noticed: list[str] = []

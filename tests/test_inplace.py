@@ -16,6 +16,7 @@ import subprocess
 import sys
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -299,10 +300,29 @@ def _in_place_train(data_dir: str, log_dir: str, step_seconds: float) -> dict:
     return state
 
 
+def _launch_in_place(
+    tmp_path: Path, ranks: int, step_seconds: float, on_report: object, backend: object = "local"
+) -> Any:
+    """``_in_place_train`` on ``tmp_path``'s data, elastic down to 1 rank, in place."""
+    from sparktrain import launch
+
+    return launch(
+        _in_place_train,
+        (str(tmp_path / "data"), str(tmp_path / "logs"), step_seconds),
+        num_processes=ranks,
+        backend=backend,  # type: ignore[arg-type]
+        min_processes=1,
+        in_place=True,
+        on_report=on_report,  # type: ignore[arg-type]
+        progress=False,
+        return_all=True,
+    )
+
+
 def test_a_lost_node_of_a_local_cluster_costs_no_restart(tmp_path: Path) -> None:
     import time
 
-    from sparktrain import LocalCluster, launch
+    from sparktrain import LocalCluster
 
     _table(tmp_path)
     (tmp_path / "logs").mkdir()
@@ -314,17 +334,7 @@ def test_a_lost_node_of_a_local_cluster_costs_no_restart(tmp_path: Path) -> None
             killed.append(time.time())
             cluster.kill_node(2)
 
-    result = launch(
-        _in_place_train,
-        (str(tmp_path / "data"), str(tmp_path / "logs"), 0.05),
-        num_processes=3,
-        backend=cluster,
-        min_processes=1,
-        in_place=True,
-        on_report=on_report,
-        progress=False,
-        return_all=True,
-    )
+    result = _launch_in_place(tmp_path, 3, 0.05, on_report, backend=cluster)
     assert killed and result.attempts == 1
     (lost,) = result.rescales
     assert (lost.cause, lost.old_world_size, lost.new_world_size) == ("lost", 3, 2)
@@ -340,7 +350,7 @@ def test_a_lost_node_of_a_local_cluster_costs_no_restart(tmp_path: Path) -> None
 
 def test_node_0_may_go_too_since_the_driver_holds_the_store(tmp_path: Path) -> None:
 
-    from sparktrain import LocalCluster, launch
+    from sparktrain import LocalCluster
 
     _table(tmp_path)
     (tmp_path / "logs").mkdir()
@@ -352,17 +362,7 @@ def test_node_0_may_go_too_since_the_driver_holds_the_store(tmp_path: Path) -> N
             killed.append(0)
             cluster.kill_node(0)
 
-    result = launch(
-        _in_place_train,
-        (str(tmp_path / "data"), str(tmp_path / "logs"), 0.05),
-        num_processes=3,
-        backend=cluster,
-        min_processes=1,
-        in_place=True,
-        on_report=on_report,
-        progress=False,
-        return_all=True,
-    )
+    result = _launch_in_place(tmp_path, 3, 0.05, on_report, backend=cluster)
     assert killed and result.attempts == 1 and result.world_size == 2
     values = [result.return_values[r] for r in (1, 2)]
     assert values[0]["world"] == 2 and values[0]["weights"] == values[1]["weights"]
@@ -377,7 +377,7 @@ def test_a_notice_to_a_node_of_a_local_cluster_costs_no_step(tmp_path: Path, how
     import time
 
     import sparktrain
-    from sparktrain import LocalCluster, launch
+    from sparktrain import LocalCluster
 
     _table(tmp_path)
     (tmp_path / "logs").mkdir()
@@ -392,17 +392,7 @@ def test_a_notice_to_a_node_of_a_local_cluster_costs_no_step(tmp_path: Path, how
             else:
                 os.kill(cluster.node_pids()[2], signal.SIGTERM)
 
-    result = launch(
-        _in_place_train,
-        (str(tmp_path / "data"), str(tmp_path / "logs"), 0.05),
-        num_processes=3,
-        backend=cluster,
-        min_processes=1,
-        in_place=True,
-        on_report=on_report,
-        progress=False,
-        return_all=True,
-    )
+    result = _launch_in_place(tmp_path, 3, 0.05, on_report, backend=cluster)
     assert noticed and result.attempts == 1 and result.world_size == 2
     (left,) = result.rescales
     assert (left.cause, left.old_world_size, left.new_world_size) == ("preempted", 3, 2)
@@ -431,7 +421,7 @@ def test_a_node_that_returns_joins_and_heals_from_a_live_peer(tmp_path: Path) ->
     joiner ends bit-identical to the survivor, every row once."""
     import time
 
-    from sparktrain import LocalCluster, launch
+    from sparktrain import LocalCluster
 
     _table(tmp_path)
     (tmp_path / "logs").mkdir()
@@ -444,17 +434,7 @@ def test_a_node_that_returns_joins_and_heals_from_a_live_peer(tmp_path: Path) ->
             cluster.kill_node(1)
             cluster.add_node()  # the capacity returns at once: the driver sees it within 2 s
 
-    result = launch(
-        _in_place_train,
-        (str(tmp_path / "data"), str(tmp_path / "logs"), 0.5),
-        num_processes=2,
-        backend=cluster,
-        min_processes=1,
-        in_place=True,
-        on_report=on_report,
-        progress=False,
-        return_all=True,
-    )
+    result = _launch_in_place(tmp_path, 2, 0.5, on_report, backend=cluster)
     assert killed and result.attempts == 1 and result.world_size == 2
     causes = [(r.cause, r.old_world_size, r.new_world_size, r.in_place) for r in result.rescales]
     assert causes == [("lost", 2, 1, True), ("grew", 1, 2, True)]
@@ -489,8 +469,6 @@ def test_sigterm_to_a_rank_of_local_processes_is_a_notice(tmp_path: Path) -> Non
     """On the local backend (no nodes): SIGTERM to rank 2's process; it leaves after its step,
     the run ends well with every row once and no step lost."""
 
-    from sparktrain import launch
-
     _table(tmp_path)
     (tmp_path / "logs").mkdir()
     sent: list[int] = []
@@ -500,16 +478,7 @@ def test_sigterm_to_a_rank_of_local_processes_is_a_notice(tmp_path: Path) -> Non
             sent.append(int(record["metrics"]["pid"]))
             os.kill(sent[0], signal.SIGTERM)
 
-    result = launch(
-        _in_place_train,
-        (str(tmp_path / "data"), str(tmp_path / "logs"), 0.05),
-        num_processes=3,
-        min_processes=1,
-        in_place=True,
-        on_report=on_report,
-        progress=False,
-        return_all=True,
-    )
+    result = _launch_in_place(tmp_path, 3, 0.05, on_report)
     assert sent and result.attempts == 1
     values = result.return_values
     assert [values[r]["dropped"] for r in (0, 1, 2)] == [0, 0, 0]

@@ -222,7 +222,62 @@ def test_horovod_run_returns_every_ranks_value_in_rank_order() -> None:
     with pytest.raises(RuntimeError, match="rank 1 broke"):
         horovod.run(_horovod_fails, np=2)
     with pytest.raises(ConfigError, match=r"horovod.run\(hosts=...\) does not apply"):
-        horovod.run(_horovod_fn, args, kwargs, np=2, hosts="localhost:2")
+        horovod.run(_horovod_fn, args, kwargs, np=2, hosts="otherhost:2")
+
+
+def _mnist_main(args: dict[str, int]) -> tuple[int, int, float]:
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    total = hvd.allreduce(torch.tensor([float(hvd.rank() + args["seed"])]), op=hvd.Sum).item()
+    return hvd.rank(), hvd.size(), total
+
+
+def test_horovod_run_takes_pytorch_mnists_defaults_spelled_out() -> None:
+    """Horovod's examples/pytorch/pytorch_mnist.py --num-proc 2 calls
+    horovod.run(main, args=(args,), np=2, hosts=None, use_gloo=False, use_mpi=False): Horovod's
+    defaults, spelled out. They run; each rank's value comes back in rank order."""
+    from sparktrain import horovod
+
+    values = horovod.run(
+        _mnist_main, args=({"seed": 10},), np=2, hosts=None, use_gloo=False, use_mpi=False
+    )
+    assert values == [(0, 2, 21.0), (1, 2, 21.0)]
+
+
+@pytest.mark.parametrize(
+    ("option", "named"),
+    [
+        ({"use_mpi": True}, r"horovod.run\(use_mpi=...\) does not apply here: use_mpi=True; .*MPI"),
+        ({"hosts": "a:1,b:1"}, r"hosts='a:1,b:1'; it names other hosts \(a, b\).*backend='spark'"),
+        ({"hostfile": "/etc/hosts"}, r"hostfile='/etc/hosts'; a host file lists hosts"),
+        ({"hosts": "localhost:1"}, r"hosts='localhost:1'; 1 slot\(s\) for num_proc=2"),
+        ({"ssh_port": 22}, r"horovod.run\(ssh_port=...\) does not apply here: ssh_port=22"),
+    ],
+)
+def test_horovod_run_refuses_what_a_launch_cannot_do(option: dict[str, Any], named: str) -> None:
+    """A value that asks for MPI, other hosts or SSH is refused before anything starts, naming
+    the option, its value and what to do instead."""
+    from sparktrain import horovod
+
+    with pytest.raises(ConfigError, match=named):
+        horovod.run(_mnist_main, args=({"seed": 1},), np=2, use_gloo=False, **option)
+
+
+def test_horovod_options_at_harmless_values_are_accepted() -> None:
+    """Horovod's default hosts (localhost:<num_proc>), falsy use_mpi, any use_gloo and the
+    launcher's tuning options pass the check (which starts nothing)."""
+    from sparktrain.compat.horovod_run import check_horovod_options
+
+    harmless = {
+        "hosts": "localhost:2", "hostfile": None, "use_mpi": False, "use_gloo": True,
+        "verbose": 2, "start_timeout": 30, "mpi_args": None, "min_num_proc": None,
+    }  # fmt: skip
+    check_horovod_options(harmless, 2, "local")
+    check_horovod_options({"hosts": "localhost:1,127.0.0.1:1", "use_mpi": 0}, 2, "local")
+    with pytest.raises(ConfigError, match=r"hosts='localhost:2'; it names this machine, but"):
+        check_horovod_options({"hosts": "localhost:2"}, 2, "spark")
 
 
 HOROVOD_SCRIPT = """

@@ -207,6 +207,97 @@ def test_cluster_plan_errors(facts: ClusterFacts, num: int, use_gpu: object, pat
     assert isinstance(raised.value, ClusterConfigError)
 
 
+from sparktrain.driver import spark_slots  # noqa: E402
+from sparktrain.launchplan.layout import check_slots  # noqa: E402
+
+AUTOSCALING = "spark.databricks.clusterUsageTags.clusterScalingType"
+MAX_WORKERS = "spark.databricks.clusterUsageTags.clusterMaxWorkers"
+
+
+@pytest.mark.parametrize(
+    ("conf", "why", "most"),
+    [
+        ({}, None, None),
+        ({"spark.dynamicAllocation.enabled": "false"}, None, None),
+        ({"spark.dynamicAllocation.enabled": "true"}, "spark.dynamicAllocation.enabled=true", None),
+        (
+            {
+                "spark.dynamicAllocation.enabled": "true",
+                "spark.dynamicAllocation.maxExecutors": "8",
+            },
+            "spark.dynamicAllocation.enabled=true, spark.dynamicAllocation.maxExecutors=8",
+            8,
+        ),
+        ({AUTOSCALING: "autoscaling"}, "a Databricks autoscaling cluster", None),
+        (
+            {MAX_WORKERS: "5"},
+            f"a Databricks autoscaling cluster, {MAX_WORKERS}=5",
+            5,
+        ),
+    ],
+)
+def test_whether_a_cluster_can_grow_is_read_from_its_conf(
+    conf: dict[str, str], why: str | None, most: int | None
+) -> None:
+    growth = spark_slots.growth_from_conf(conf)
+    assert (growth and growth.why, growth and growth.max_executors) == (why, most)
+
+
+def test_the_wait_is_for_growth_only_where_the_cluster_can_reach_the_tasks() -> None:
+    """Two executors of one slot each: maxExecutors=8 reaches 8 slots, not 100."""
+    unbounded = spark_slots.Growth(why="grows", max_executors=None)
+    bounded = spark_slots.Growth(why="grows", max_executors=8)
+    for growth, tasks, seconds, for_growth in [
+        (None, 100, spark_slots.SLOT_WAIT_SECONDS, False),
+        (unbounded, 100, 7.0, True),
+        (bounded, 8, 7.0, True),
+        (bounded, 100, spark_slots.SLOT_WAIT_SECONDS, False),
+    ]:
+        wait = spark_slots.wait_bound(growth, slots=2, executors=2, tasks=tasks, grow_seconds=7.0)
+        assert (wait.seconds, wait.for_growth) == (seconds, for_growth)
+    short = spark_slots.wait_bound(bounded, slots=2, executors=2, tasks=100, grow_seconds=7.0)
+    assert short.note() == " and can grow to 8 at most (grows)"
+    assert spark_slots.slot_decision(slots=2, tasks=2, waited=99.0, bound=1.0) == "run"
+    assert spark_slots.slot_decision(slots=1, tasks=2, waited=0.5, bound=1.0) == "wait"
+    assert spark_slots.slot_decision(slots=1, tasks=2, waited=1.0, bound=1.0) == "fail"
+
+
+def test_a_cluster_that_can_grow_is_waited_for_then_refused() -> None:
+    """A fake slot counter that never grows: counted again until the (tiny) bound, one line
+    told, then refused with the same message as a cluster that cannot grow, plus the wait."""
+    import time
+
+    counted: list[float] = []
+
+    def count() -> int:
+        counted.append(time.monotonic())
+        return 2
+
+    growth = spark_slots.growth_from_conf({AUTOSCALING: "autoscaling"})
+    wait = spark_slots.wait_bound(growth, slots=2, executors=2, tasks=100, grow_seconds=0.3)
+    told: list[int] = []
+    started = time.monotonic()
+    slots = spark_slots.wait_for_slots(count, 100, bound=wait.seconds, on_wait=told.append)
+    assert slots == 2 and told == [2] and len(counted) >= 2
+    assert 0.3 <= counted[-1] - started < 2.0
+    plan = make_cluster_plan(100, facts=ClusterFacts(task_gpus=0, task_cpus=1, slots=None))
+    with pytest.raises(ClusterConfigError) as raised:
+        check_slots(plan, NO_GPU, slots, name="num_processes", note=wait.note())
+    assert str(raised.value).startswith(
+        "num_processes=100 needs 100 barrier tasks running at once, but the cluster has 2 task "
+        "slot(s) now after waiting 0.3s for the cluster to grow (a Databricks autoscaling "
+        "cluster; spark.sparktrain.capacityWaitSeconds sets the wait); a barrier stage would "
+        "wait or fail. Lower num_processes, or add executors/cores (or GPUs)."
+    )
+
+
+def test_slots_that_arrive_during_the_wait_end_it() -> None:
+    counts = iter([2, 2, 100])
+    told: list[int] = []
+    slots = spark_slots.wait_for_slots(lambda: next(counts), 100, bound=30.0, on_wait=told.append)
+    assert slots == 100 and told == [2]
+
+
 @pytest.mark.parametrize(("per_task", "slots"), [(1, 2), (1, 8), (2, 4), (2, 6), (4, 6), (4, 2)])
 def test_task_gpu_sharing_splits_slots_as_spark_tensorflow_distributor(
     per_task: int, slots: int

@@ -5,14 +5,22 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import cloudpickle
 import pytest
 import torch
 
 from conftest import EXAMPLES, wait_gone
-from sparktrain import ConfigError, TorchDistributor, TrainingFailedError, launch
+from sparktrain import (
+    ClusterConfigError,
+    ConfigError,
+    TorchDistributor,
+    TrainingFailedError,
+    launch,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -66,12 +74,14 @@ def test_the_distributor_plans_once_and_runs_that_plan(
     from sparktrain.driver import spark as spark_backend
 
     asked: list[object] = []
-    facts = spark_backend.cluster_facts
-    monkeypatch.setattr(spark_backend, "cluster_facts", lambda *a: asked.append(a) or facts(*a))
+    plan = spark_backend.make_cluster_plan
+    monkeypatch.setattr(
+        spark_backend, "make_cluster_plan", lambda *a, **k: asked.append(a) or plan(*a, **k)
+    )
     distributor = TorchDistributor(2, False, False)
     assert distributor.run(_rank_and_world) == (0, 2)
     assert distributor.run(_rank_and_world) == (0, 2)
-    assert len(asked) == 1  # the slots were counted in the constructor, not again per run
+    assert len(asked) == 1  # laid out in the constructor; each run counts the free slots only
 
 
 def _variable(name: str) -> str | None:
@@ -112,7 +122,64 @@ def test_failure_names_rank_and_host(spark: object, tmp_path: Path) -> None:
 
 def test_capacity_error_names_both_numbers(spark: object) -> None:
     with pytest.raises(ConfigError, match=r"needs 3 barrier tasks .* has 2 task slot\(s\)"):
-        TorchDistributor(3, False, False)
+        TorchDistributor(3, False, False).run(_rank_and_world)
+
+
+def test_more_ranks_than_slots_construct_and_the_run_refuses_them(
+    spark: object, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """pyspark's test_validate_correct_inputs: TorchDistributor(100, False, False) constructs
+    whatever the cluster's size. The run counts the 2 slots; this cluster cannot grow, so it is
+    refused after the moment given to executors still registering (shortened here), saying
+    nothing while it waits."""
+    from sparktrain.driver import spark_slots
+
+    monkeypatch.setattr(spark_slots, "SLOT_WAIT_SECONDS", 0.5)
+    distributor = TorchDistributor(100, local_mode=False, use_gpu=False)
+    assert distributor.input_params == {
+        "num_processes": 100, "local_mode": False, "use_gpu": False, "num_tasks": 100,
+    }  # fmt: skip
+    started = time.monotonic()
+    with pytest.raises(ClusterConfigError) as raised:
+        distributor.run(_rank_and_world)
+    assert time.monotonic() - started < 5
+    assert str(raised.value).startswith(
+        "num_processes=100 needs 100 barrier tasks running at once, but the cluster has 2 task "
+        "slot(s) now; a barrier stage would wait or fail. Lower num_processes, or add "
+        "executors/cores (or GPUs)."
+    )
+    assert "waiting" not in capfd.readouterr().err
+
+
+def test_a_cluster_that_can_grow_is_waited_for_then_refused(
+    spark: Any, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A Databricks autoscaling cluster (its tag set on the session), with a 2 s bound set by
+    the conf: the run says once that it waits, counts the slots again, then is refused with the
+    same message and the wait."""
+    from sparktrain.driver.spark_slots import GROW_WAIT_CONF
+
+    tag = "spark.databricks.clusterUsageTags.clusterScalingType"
+    spark.conf.set(tag, "autoscaling")
+    spark.conf.set(GROW_WAIT_CONF, "2")
+    try:
+        distributor = TorchDistributor(100, False, False)
+        started = time.monotonic()
+        with pytest.raises(ClusterConfigError) as raised:
+            distributor.run(_rank_and_world)
+        waited = time.monotonic() - started
+    finally:
+        spark.conf.unset(tag)
+        spark.conf.unset(GROW_WAIT_CONF)
+    assert 2 <= waited < 10
+    message = str(raised.value)
+    assert message.startswith("num_processes=100 needs 100 barrier tasks running at once, but")
+    assert "has 2 task slot(s) now after waiting 2s for the cluster to grow" in message
+    lines = [line for line in capfd.readouterr().err.splitlines() if "waiting up to" in line]
+    assert lines == [
+        "sparktrain: num_processes=100 needs 100 task slot(s) and the cluster has 2; waiting up "
+        "to 2s for it to grow (a Databricks autoscaling cluster)"
+    ]
 
 
 def _gpu_environment() -> dict[str, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -47,6 +48,76 @@ def tracked_train(steps: int, strategy: str) -> float:
         sparktrain.log_metrics({"loss": loss.item()}, step=step)
     sparktrain.log_model(model, "model")
     return loss.item()
+
+
+class _Recording(nn.Sequential):
+    """Counts the moves of the module itself: .cpu(), .to() and .cuda() all go through _apply."""
+
+    moves = 0
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        self.moves += 1
+        return super()._apply(fn, recurse)
+
+
+def train_logging_midway(steps: int) -> dict[str, Any]:
+    """A DDP loop that logs its model halfway; what happened to the module being trained."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    inner = _Recording(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    model = sparktrain.prepare_model(inner, "ddp")
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
+    params = list(inner.parameters())
+    where = [(p.data_ptr(), p.device) for p in params]
+    moves, losses, snapshot, uri = inner.moves, [], None, None
+    x = torch.randn(16, 8, generator=torch.Generator().manual_seed(1))
+    y = (x[:, 0] > 0).long()
+    for step in range(steps):
+        loss = nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+        if step == steps // 2:
+            uri = sparktrain.log_model(model, "midway")
+            snapshot = inner[0].weight.detach().clone()
+    return {
+        "same_module": model.module is inner,
+        "same_params": all(a is b for a, b in zip(inner.parameters(), params, strict=True)),
+        "optimizer_params": all(
+            a is b for a, b in zip(optimizer.param_groups[0]["params"], params, strict=True)
+        ),
+        "where": [(p.data_ptr(), p.device) for p in params] == where,
+        "moves": inner.moves - moves,
+        "losses": losses,
+        "snapshot": snapshot,
+        "uri": uri,
+    }
+
+
+def test_logging_midway_leaves_the_training_module_where_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """log_model in the middle of a 2-rank DDP loop logs a CPU copy: the module being trained is
+    not moved (no .cpu()/.to() on it), keeps its parameter objects and their storage, and goes
+    on training; the logged model holds the weights of that moment."""
+    monkeypatch.chdir(tmp_path)
+    steps = 12
+    result = launch(
+        train_logging_midway, (steps,), num_processes=2, use_gpu=False, mlflow=True,
+        return_all=True,
+    )  # fmt: skip
+    rank0 = result.return_values[0]
+    assert rank0["moves"] == 0 and rank0["same_module"] and rank0["same_params"]
+    assert rank0["optimizer_params"] and rank0["where"]
+    assert rank0["losses"][-1] < rank0["losses"][steps // 2] < rank0["losses"][0]
+    assert result.return_values[1]["uri"] is None  # rank 1 logs nothing
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    logged = mlflow.pytorch.load_model(rank0["uri"])
+    assert type(logged) is _Recording and logged[0].weight.device.type == "cpu"
+    assert torch.equal(logged[0].weight, rank0["snapshot"])
 
 
 def _only_run(client: object, experiment: str = "0") -> object:

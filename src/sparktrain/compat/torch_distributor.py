@@ -13,8 +13,14 @@ Same positional order and meaning: ``TorchDistributor(num_processes, local_mode,
   before anything is submitted.
 - ``backend="ray"`` (ours) runs the ranks on a Ray cluster instead, one actor per node.
 - Every run option of :func:`sparktrain.launch` is a keyword here too (``timeout=``,
-  ``max_restarts=``, ``hang_timeout=``, ...). The layout is checked in the constructor (on
-  Spark, the free task slots are counted then), and every ``run`` uses that same plan.
+  ``max_restarts=``, ``hang_timeout=``, ...). The layout is made and checked in the constructor,
+  and every ``run`` uses that same plan.
+- As pyspark's, the constructor does not depend on the cluster's size now:
+  ``TorchDistributor(100, local_mode=False)`` constructs on a cluster of two slots. Each ``run``
+  counts the free task slots first; where the cluster can grow (dynamic allocation, Databricks
+  autoscaling) it waits for them up to a bound, saying so in one line
+  (:mod:`sparktrain.driver.spark_slots`), and a run whose tasks still do not fit is refused with
+  a :class:`~sparktrain.ClusterConfigError` naming the number asked for, the slots and the fix.
 """
 
 from __future__ import annotations
@@ -84,8 +90,9 @@ class TorchDistributor:
                 {run_options}
 
         Raises:
-            ConfigError: A value is out of range, or the ranks do not fit; the message says
-                what to pass.
+            ConfigError: A value is out of range, or the ranks cannot fit (more GPUs than this
+                machine has); the message says what to pass. A cluster's free task slots are
+                counted at each run, not here.
         """
         if not isinstance(local_mode, bool):
             raise ConfigError(f"local_mode={local_mode!r} must be True or False.")
@@ -102,6 +109,7 @@ class TorchDistributor:
             options=self.options,
             name=self.count_name,
             front=self.front_door,
+            room_at_run=True,
         )
         self.plan = self.prepared.plan
         tasks = self.plan.world_size if self.backend == "local" else self.plan.nodes
@@ -127,6 +135,8 @@ class TorchDistributor:
             for a script.
 
         Raises:
+            ClusterConfigError: On a cluster, the ranks' tasks outnumber the free task slots
+                (after a wait where the cluster can grow); nothing was started.
             TrainingFailedError: A rank failed; the message names it with its traceback.
         """
         return self.prepared.run(main, args, kwargs).value

@@ -180,7 +180,8 @@ def slots_and_launch_checks(
         use_gpu: The launch's ``use_gpu`` (``None``: GPUs when tasks get them).
         wait: Give executors that are still registering the launch's time to appear.
     """
-    from sparktrain.driver.spark import SLOT_WAIT_SECONDS, cluster_facts, is_connect
+    from sparktrain.driver.spark import cluster_facts, is_connect
+    from sparktrain.driver.spark_slots import SLOT_WAIT_SECONDS
 
     try:
         facts = cluster_facts(session, processes if wait and processes else 1)

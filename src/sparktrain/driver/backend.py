@@ -150,6 +150,22 @@ class Backend(ABC):
             ConfigError: The ranks do not fit, or a value is bad; nothing was started.
         """
 
+    def layout_ahead(self, num_processes: object, *, use_gpu: object, name: str) -> LaunchPlan:
+        """Lay out the ranks for runs started later, without asking what is free now.
+
+        :meth:`check_room` then checks before each run. The default is :meth:`layout`, whose
+        plan was checked against what is there.
+        """
+        return self.layout(num_processes, use_gpu=use_gpu, name=name)
+
+    def check_room(self, plan: LaunchPlan, *, name: str) -> None:  # noqa: B027 - optional
+        """Before a run of a plan made by :meth:`layout_ahead`: refuse it if it does not fit now.
+
+        Raises:
+            ConfigError: The ranks do not fit; nothing was started. The default checks
+                nothing: :meth:`layout_ahead` checked.
+        """
+
     @abstractmethod
     def start(self, attempt: Attempt) -> Nodes:
         """Start every node of ``attempt``; what is started is released if this raises."""

@@ -49,12 +49,17 @@ class PreparedLaunch:
         options: The run's policy.
         target: The run's full size: ``plan``'s, or more when an elastic run starts short of it
             (:func:`~sparktrain.driver.capacity.first_layout`) and grows toward it.
+        room_at_run: Whether every run checks first that ``plan`` fits the backend now
+            (``prepare(room_at_run=True)``: the plan was laid out without asking).
+        name: What the front door calls the number of ranks, for that check's message.
     """
 
     backend: Backend
     plan: LaunchPlan
     options: RunOptions
     target: int = 0
+    room_at_run: bool = False
+    name: str = "num_processes"
 
     def __post_init__(self) -> None:
         if not self.target:
@@ -86,6 +91,8 @@ class PreparedLaunch:
         self, entry: Entrypoint, dataframe: Any = None, monitor: Monitor | None = None
     ) -> RunResult:
         """:meth:`run` for an entrypoint already made (and checked)."""
+        if self.room_at_run:
+            self.backend.check_room(self.plan, name=self.name)
         data_uri = None
         if dataframe is not None:  # Spark writes it once; every attempt's ranks read the cache
             from sparktrain.data.cache import materialise
@@ -189,6 +196,7 @@ def prepare(
     options: RunOptions | None = None,
     name: str = "num_processes",
     front: FrontDoor = LAUNCH,
+    room_at_run: bool = False,
 ) -> PreparedLaunch:
     """Choose the backend, lay out the ranks on it, check the options; start nothing.
 
@@ -206,6 +214,11 @@ def prepare(
         options: The run's policy (defaults when ``None``).
         name: What the caller's front door calls ``num_processes``, for messages.
         front: The front door (the originals' differences: see :mod:`sparktrain.launchplan.front`).
+        room_at_run: Lay out without asking what is free now, and check that the ranks fit at
+            each run instead (:meth:`Backend.check_room`: on Spark, the task slots, waited for
+            where the cluster can grow). For front doors whose constructor must not depend on
+            the cluster's size now, as pyspark's ``TorchDistributor``'s does not. An elastic run
+            is laid out on what fits now all the same.
 
     Raises:
         ConfigError: Bad input; the message names the value and the fix.
@@ -218,8 +231,12 @@ def prepare(
             "in place (local processes, a LocalCluster, Spark and Ray can); leave in_place out "
             "to restart the survivors from the latest checkpoint, as elastic runs do."
         )
+    if room_at_run and options.min_processes is None:
+        plan = chosen.layout_ahead(num_processes, use_gpu=use_gpu, name=name)
+        options.check_ranks(plan.world_size, name)
+        return PreparedLaunch(chosen, plan, options, room_at_run=True, name=name)
     plan, target = first_layout(chosen, num_processes, use_gpu=use_gpu, options=options, name=name)
-    return PreparedLaunch(chosen, plan, options, target)
+    return PreparedLaunch(chosen, plan, options, target, name=name)
 
 
 @documents_options

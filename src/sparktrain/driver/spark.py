@@ -27,6 +27,12 @@ from sparktrain.driver.monitor import say
 from sparktrain.driver.remote import RemoteNodes
 from sparktrain.driver.spark_conf import check_encryption
 from sparktrain.driver.spark_executors import decommissioned, forget_hosts
+from sparktrain.driver.spark_slots import (
+    SLOT_WAIT_SECONDS,
+    ensure_slots,
+    slot_count,
+    wait_for_slots,
+)
 from sparktrain.errors import ClusterError, ConfigError
 from sparktrain.launchplan.front import LAUNCH, FrontDoor
 from sparktrain.launchplan.layout import ClusterFacts, LaunchPlan, make_cluster_plan
@@ -78,26 +84,19 @@ def is_connect(session: Any) -> bool:
     return type(session).__module__.startswith("pyspark.sql.connect")
 
 
-#: How long to wait for executors to register when there are fewer slots than tasks.
-SLOT_WAIT_SECONDS = 10.0
-
-
 def _slots(session: Any, want: int) -> int:
-    jsc = session.sparkContext._jsc.sc()
-    profile = jsc.resourceProfileManager().defaultResourceProfile()
-    deadline = time.monotonic() + SLOT_WAIT_SECONDS
-    slots = int(jsc.maxNumConcurrentTasks(profile))
-    while slots < want and time.monotonic() < deadline:  # executors may still be registering
-        time.sleep(0.5)
-        slots = int(jsc.maxNumConcurrentTasks(profile))
-    return slots
+    """The slots, after waiting up to :data:`SLOT_WAIT_SECONDS` for executors to register."""
+    return wait_for_slots(lambda: slot_count(session), want, bound=SLOT_WAIT_SECONDS)
 
 
-def cluster_facts(session: Any, num_processes: object = 1) -> ClusterFacts:
+def cluster_facts(
+    session: Any, num_processes: object = 1, *, count_slots: bool = True
+) -> ClusterFacts:
     """GPU and CPU settings of tasks and the number of concurrent task slots.
 
     When the cluster has fewer slots than ``num_processes`` needs, waits up to
-    :data:`SLOT_WAIT_SECONDS` for executors that are still registering.
+    :data:`SLOT_WAIT_SECONDS` for executors that are still registering. With
+    ``count_slots=False`` the slots are not counted (``None``), as over Spark Connect.
     """
     raw = session.conf.get("spark.task.resource.gpu.amount", "0") or "0"
     try:
@@ -110,7 +109,7 @@ def cluster_facts(session: Any, num_processes: object = 1) -> ClusterFacts:
             "whole GPU. Set it to a whole number such as 1."
         )
     slots = None
-    if not is_connect(session):
+    if count_slots and not is_connect(session):
         want = num_processes if isinstance(num_processes, int) else 1
         slots = _slots(session, -(-want // max(1, int(task_gpus))))
     task_cpus = int(session.conf.get("spark.task.cpus", "1") or "1")
@@ -224,9 +223,25 @@ class SparkBackend(Backend):
         """
         if is_connect(self.session):  # the server's scheduler cannot be asked
             return plan.world_size
-        jsc = self.session.sparkContext._jsc.sc()
-        profile = jsc.resourceProfileManager().defaultResourceProfile()
-        return int(jsc.maxNumConcurrentTasks(profile)) * plan.procs_per_node
+        return slot_count(self.session) * plan.procs_per_node
+
+    def layout_ahead(self, num_processes: object, *, use_gpu: object, name: str) -> LaunchPlan:
+        """:meth:`layout` from the session's settings alone: :meth:`check_room` counts the slots."""
+        facts = cluster_facts(self.session, num_processes, count_slots=False)
+        return make_cluster_plan(
+            num_processes, facts=facts, use_gpu=use_gpu, name=name, gpus=self.front.gpus
+        )
+
+    def check_room(self, plan: LaunchPlan, *, name: str) -> None:
+        """Refuse ``plan`` when its tasks outnumber the free slots, after waiting where it helps.
+
+        On a cluster that can grow (dynamic allocation, Databricks autoscaling) the wait is up to
+        :data:`~sparktrain.driver.spark_slots.GROW_WAIT_SECONDS`, with one line saying so; see
+        :mod:`sparktrain.driver.spark_slots`. Spark Connect cannot be asked: nothing is checked.
+        """
+        if not is_connect(self.session):
+            facts = cluster_facts(self.session, count_slots=False)
+            ensure_slots(self.session, plan, facts, name=name)
 
     def start(self, attempt: Attempt) -> Nodes:
         """Refuse a TLS cluster without the override, then submit the barrier job."""

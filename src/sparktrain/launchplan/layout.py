@@ -182,13 +182,6 @@ def make_cluster_plan(
                     f"{per_task}."
                 )
     tasks = len(shares) if shares else world_size // per_task
-    if facts.slots is not None and tasks > facts.slots:
-        gpu_note = f" ({facts.task_gpus} GPU(s) each)" if device == "cuda" else ""
-        raise ClusterConfigError(
-            f"{name}={world_size} needs {tasks} barrier tasks{gpu_note} running at once, "
-            f"but the cluster has {facts.slots} task slot(s) now; a barrier stage would wait or "
-            f"fail. Lower {name}, or add executors/cores (or GPUs)."
-        )
     plan = _assemble(
         tasks * per_task,
         nodes=tasks,
@@ -197,7 +190,39 @@ def make_cluster_plan(
         gpus=(),
         threads=max(1, facts.task_cpus // per_task),
     )
-    return dataclasses.replace(plan, gpu_shares=shares)
+    plan = dataclasses.replace(plan, gpu_shares=shares)
+    check_slots(plan, facts, facts.slots, name=name)
+    return plan
+
+
+def asked_count(plan: LaunchPlan) -> int:
+    """The number the caller asked for: ranks, or GPUs where a task's rank owns several."""
+    return sum(plan.gpu_shares) if plan.gpu_shares else plan.world_size
+
+
+def check_slots(
+    plan: LaunchPlan, facts: ClusterFacts, slots: int | None, *, name: str, note: str = ""
+) -> None:
+    """Refuse ``plan`` when its barrier tasks outnumber ``slots`` (``None``: not known).
+
+    Args:
+        plan: The run's layout (one barrier task per node).
+        facts: The cluster's task settings (for the GPUs each task gets).
+        slots: The task slots free now.
+        name: What the caller's front door calls the number of ranks.
+        note: Said after the slots (how long the run waited for them, how far the cluster grows).
+
+    Raises:
+        ClusterConfigError: Names the ranks asked for, the tasks, the slots and the fix.
+    """
+    if slots is None or plan.nodes <= slots:
+        return
+    gpu_note = f" ({facts.task_gpus} GPU(s) each)" if plan.device == "cuda" else ""
+    raise ClusterConfigError(
+        f"{name}={asked_count(plan)} needs {plan.nodes} barrier tasks{gpu_note} running at once, "
+        f"but the cluster has {slots} task slot(s) now{note}; a barrier stage would wait or "
+        f"fail. Lower {name}, or add executors/cores (or GPUs)."
+    )
 
 
 def make_plan(

@@ -39,7 +39,8 @@ ROLES: dict[str, tuple[str, ...]] = {
     "rank": (
         "rank/", "strategies/", "data/", "horovod/", "tracking/__init__.py", "tracking/rank.py",
         "compat/tensorflow_rank.py", "compat/barrier_context.py", "spark/training.py",
-        "spark/tasks.py", "spark/scoring.py", "inference/", "elastic.py", "checkpoint.py",
+        "spark/tasks.py", "spark/scoring.py", "spark/loop/",
+        "inference/", "elastic.py", "checkpoint.py",
     ),
     "plan": ("launchplan/",),
     "contract": ("contract/",),

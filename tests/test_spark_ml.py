@@ -362,3 +362,4 @@ def test_the_spark_ml_example(spark: Any) -> None:
 
     result = spark_ml_pipeline.main(["--rows", "2048", "--epochs", "1"], spark=spark)
     assert result["accuracy"] > 0.5 and result["same"] == 1.0  # chance: 0.1
+    assert result["epochs"] == 1

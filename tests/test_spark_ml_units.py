@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -164,3 +165,74 @@ def test_input_columns_become_tensors_in_the_models_dtype() -> None:
         input_tensors([uneven], ["a"], [3], Where(2, offset=10), torch.float32)
     with pytest.raises(ConfigError, match="'s' holds string"):
         input_tensors([pa.array(["x"])], ["s"], [None], Where(0), torch.float32)
+
+
+def test_metrics_match_their_definitions() -> None:
+    from sparktrain.spark.loop import metrics
+
+    g = torch.Generator().manual_seed(0)
+    score = torch.randn(200, generator=g)
+    label = (score + torch.randn(200, generator=g) > 0).double()
+    score[:20] = 0.0  # ties share their rank
+    positive, negative = score[label == 1], score[label == 0]
+    pairs = (positive[:, None] > negative[None, :]).double() + 0.5 * (
+        positive[:, None] == negative[None, :]
+    ).double()
+    assert metrics.auc(score, label) == pytest.approx(float(pairs.mean()))
+    logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, 2.0]])
+    classes = torch.tensor([0.0, 1.0, 2.0, 2.0])
+    assert metrics.accuracy(logits, classes) == 0.75
+    # per class (tp, predicted, actual): 0 (1,1,1), 1 (1,2,1), 2 (1,1,2): macro F1 of 1, 2/3, 2/3
+    assert metrics.f1(logits, classes) == pytest.approx((1 + 2 / 3 + 2 / 3) / 3)
+    assert metrics.r2(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([1.0, 2.0, 3.0])) == 1.0
+    assert metrics.rmse(torch.tensor([[1.0], [3.0]]), torch.tensor([0.0, 0.0])) == pytest.approx(
+        5**0.5
+    )
+
+
+def test_metric_and_control_values_are_checked_with_the_fix() -> None:
+    from sparktrain.spark.loop import controls, metrics
+
+    with pytest.raises(ConfigError, match="unknown metric 'acc'; choose from accuracy"):
+        metrics.resolve(["acc"])
+    with pytest.raises(ConfigError, match="needs a name"):
+        metrics.resolve([lambda o, label: 0.0])
+    assert [n for n, _ in metrics.resolve({"mine": lambda o, label: 0.0})] == ["mine"]
+    assert controls.mode_of("val_accuracy", "auto") == "max"
+    assert controls.mode_of("val_label_f1", "auto") == "max"
+    assert controls.mode_of("val_loss", "auto") == "min"
+    with pytest.raises(ConfigError, match="unknown lrSchedule 'cosin'"):
+        controls.check_schedule("cosin")
+
+
+def test_early_stopping_keeps_the_best_state_and_counts_patience() -> None:
+    from sparktrain.spark.loop.controls import EarlyStopping
+
+    stopper = EarlyStopping("val_loss", "min", patience=2, min_delta=0.05)
+    assert not stopper.update(0, {"val_loss": 1.0}, {"w": 0})
+    assert not stopper.update(1, {"val_loss": 0.9}, {"w": 1})
+    assert not stopper.update(2, {"val_loss": 0.87}, {"w": 2})  # not by more than min_delta
+    assert stopper.update(3, {"val_loss": float("nan")}, {"w": 3})
+    assert (stopper.best_epoch, stopper.best_state) == (1, {"w": 1})
+    with pytest.raises(ConfigError, match="monitor='val_loss' is not among the epoch's metrics"):
+        stopper.update(4, {"loss": 1.0}, {})
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"validation": 1.5}, "validation=1.5 must be a fraction between 0 and 1"),
+        ({"metrics": ["nope"]}, "unknown metric 'nope'"),
+        ({"labelCols": ["a", "b"], "lossWeights": [1.0]}, "lossWeights has 1 value"),
+        ({"earlyStoppingPatience": -1}, "earlyStoppingPatience=-1 must be a whole number >= 0"),
+        ({"monitorMode": "up"}, "monitorMode='up' must be one of auto, min, max"),
+        ({"lrSchedule": "warm"}, "unknown lrSchedule 'warm'"),
+        ({"backwardPassesPerStep": 0}, "backwardPassesPerStep=0 must be a positive"),
+    ],
+)
+def test_bad_training_params_are_named_before_fit(given: dict[str, Any], message: str) -> None:
+    from sparktrain.spark import TorchEstimator
+
+    estimator = TorchEstimator(model=lambda: torch.nn.Linear(2, 1), loss="mse", **given)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        estimator.check_fit()

@@ -76,7 +76,7 @@ def cache_root(df: Any, given: str | os.PathLike[str] | None) -> tuple[str, bool
     return default, True
 
 
-def _local(path: str) -> str | None:
+def local_folder(path: str) -> str | None:
     """``path`` as a local folder (``dbfs:/x`` is Databricks' ``/dbfs/x`` mount), else ``None``."""
     if path.startswith("dbfs:/"):
         return "/dbfs/" + path[len("dbfs:/") :].lstrip("/")
@@ -149,7 +149,7 @@ def materialise(df: Any, given: str | os.PathLike[str] | None = None) -> str:
     if private:  # the default folder is per process: another process's entry dies with it
         key = f"{key}-{os.getpid()}"
     final = f"{root.rstrip('/')}/{key}"
-    local = _local(root)
+    local = local_folder(root)
     if local is None:  # an object store: no atomic rename; Spark's _SUCCESS marks it complete
         if not _remote_complete(final):
             _write(df, final, mode="overwrite")
@@ -200,7 +200,7 @@ def delete(df_or_path: Any, cache_dir: str | os.PathLike[str] | None = None) -> 
         root, private = cache_root(df_or_path, cache_dir)
         key = cache_key(df_or_path) + (f"-{os.getpid()}" if private else "")
         folder = f"{root.rstrip('/')}/{key}"
-    local = _local(folder)
+    local = local_folder(folder)
     if local is not None:
         _MINE.discard(local)
         existed = Path(local).exists()

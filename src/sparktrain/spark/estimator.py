@@ -14,13 +14,14 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
+from pyspark import keyword_only
 from pyspark.ml import Estimator
 from pyspark.ml.util import MLReadable, MLWritable
 from typing_extensions import Unpack
 
 from sparktrain.errors import ConfigError
 from sparktrain.launchplan.options import NAMES, RunOptions, RunOptionsArgs, run_options
-from sparktrain.spark import inference, tasks
+from sparktrain.spark import fitdata, inference, tasks
 from sparktrain.spark.model import TorchModel
 from sparktrain.spark.params import OBJECT_PARAMS, FitParams, set_given
 from sparktrain.spark.persistence import StageReader, StageWriter
@@ -44,9 +45,9 @@ def _column_kind(kind: Any) -> str | None:
     return None
 
 
-def check_schema(df: Any, inputs: tuple[str, ...], label: str | None) -> None:
+def check_schema(df: Any, inputs: tuple[str, ...], labels: tuple[str, ...]) -> None:
     """Refuse input and label columns that are missing or cannot become tensors."""
-    wanted = [*inputs, *([label] if label else [])]
+    wanted = [*inputs, *labels]
     inference.check_columns(df, wanted, "columns")
     types = {f.name: f.dataType for f in df.schema.fields}
     for name in wanted:
@@ -79,6 +80,7 @@ class TorchEstimator(
         model.transform(test)   # adds prediction, rawPrediction, probability
     """
 
+    @keyword_only
     def __init__(
         self,
         *,
@@ -104,6 +106,26 @@ class TorchEstimator(
         seed: int = 0,
         trainFn: Any = None,
         inferenceBatchSize: int = 1024,
+        validation: float | str | None = None,
+        metrics: Any = None,
+        callbacks: list[Any] | None = None,
+        valBatchSize: int | None = None,
+        trainStepsPerEpoch: int | None = None,
+        validationStepsPerEpoch: int | None = None,
+        weightCol: str | None = None,
+        labelCols: list[str] | None = None,
+        lossWeights: list[float] | None = None,
+        transformationFn: Any = None,
+        backwardPassesPerStep: int = 1,
+        earlyStoppingPatience: int = 0,
+        monitor: str | None = None,
+        monitorMode: str = "auto",
+        minDelta: float = 0.0,
+        restoreBestWeights: bool = True,
+        lrSchedule: Any = None,
+        store: str | None = None,
+        runId: str | None = None,
+        checkpointEvery: int = 0,
         runOptions: RunOptions | None = None,
         **options: Unpack[RunOptionsArgs],
     ) -> None:
@@ -114,15 +136,7 @@ class TorchEstimator(
                 bad value.
         """
         super().__init__()
-        self.setParams(
-            model=model, loss=loss, optimizer=optimizer, learningRate=learningRate,
-            epochs=epochs, batchSize=batchSize, featuresCol=featuresCol, inputCols=inputCols,
-            labelCol=labelCol, predictionCol=predictionCol, probabilityCol=probabilityCol,
-            rawPredictionCol=rawPredictionCol, task=task, numProcesses=numProcesses,
-            localMode=localMode, useGpu=useGpu, backend=backend, strategy=strategy,
-            shuffle=shuffle, seed=seed, trainFn=trainFn, inferenceBatchSize=inferenceBatchSize,
-            runOptions=runOptions, **options,
-        )  # fmt: skip
+        self.setParams(**self._input_kwargs)  # type: ignore[attr-defined]  # keyword_only
 
     def setParams(self, **values: Any) -> TorchEstimator:
         """Set params and run options by name (what the constructor takes)."""
@@ -150,16 +164,13 @@ class TorchEstimator(
             )
 
     def _fit(self, dataset: Any) -> TorchModel:
-        from sparktrain.data import from_dataframe
         from sparktrain.driver.launch import prepare
 
         self.check_fit()
         inputs = self.input_columns()
-        train_fn = self.getTrainFn()
-        label: str | None = self.getLabelCol()
-        if train_fn is not None and label not in dataset.columns:
-            label = None  # a loop of the user's own may not need labels
-        check_schema(dataset, inputs, label)
+        names = fitdata.labels(self, dataset)
+        weight = self.getWeightCol() if self.isSet("weightCol") else None
+        check_schema(dataset, (*inputs, *([weight] if weight else [])), names)
         task = tasks.resolve_task(self.getTask(), self.getLoss())
         options = self.getRunOptions() or RunOptions()
         backend = self.getBackend() or ("local" if self.getLocalMode() else "spark")
@@ -167,19 +178,21 @@ class TorchEstimator(
             self.getNumProcesses(), use_gpu=self.getUseGpu(), backend=backend, options=options,
             name="numProcesses",
         )  # fmt: skip
-        columns = list(dict.fromkeys([*inputs, *([label] if label else [])]))
-        data = from_dataframe(
-            dataset.select(*columns), cache_dir=options.data_cache_dir,
-            batch_size=self.getBatchSize(), shuffle=self.getShuffle(), seed=self.getSeed(),
-        )  # fmt: skip
+        columns = list(dict.fromkeys([*inputs, *names, *([weight] if weight else [])]))
+        data, val_data = fitdata.streams(self, dataset, columns, options.data_cache_dir)
+        folder = fitdata.run_folder(self, dataset, options.data_cache_dir)
         job = FitJob(
             model=self.getModel(), loss=self.getLoss(), optimizer=self.getOptimizer(),
             learning_rate=self.getLearningRate(), epochs=self.getEpochs(), data=data,
-            inputs=inputs, label=label, task=task, strategy=self.getStrategy(),
-            dist_backend=prepared.plan.dist_backend, seed=self.getSeed(), train_fn=train_fn,
-            params=self._logged_params(task),
+            inputs=inputs, label=names[0] if names else None, task=task,
+            strategy=self.getStrategy(), dist_backend=prepared.plan.dist_backend,
+            seed=self.getSeed(), train_fn=self.getTrainFn(), params=self._logged_params(task),
+            controls=fitdata.controls(self, names, val_data, folder),
         )  # fmt: skip
-        outcome = prepared.run(run_fit, (job,)).value
+        try:
+            outcome = prepared.run(run_fit, (job,)).value
+        finally:
+            folder.remove()  # a fit without a runId cannot be resumed by a later one
         model = TorchModel(outcome.model)
         model._resetUid(self.uid)
         self._copyValues(model)

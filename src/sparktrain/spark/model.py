@@ -83,6 +83,15 @@ class TorchModel(TorchSetters, Model, TorchParams, MLReadable["TorchModel"], MLW
         self.history, self.mlflow_model_uri = history, mlflow_model_uri
         return self
 
+    def getHistory(self) -> dict[str, list[float]]:
+        """The fit's metrics by name, one value per epoch (as Horovod's models give them).
+
+        ``{"loss": [...], "val_loss": [...], "accuracy": [...], ...}``; ``history`` holds the same
+        as one record per epoch.
+        """
+        names = list(dict.fromkeys(k for record in self.history for k in record if k != "epoch"))
+        return {n: [record.get(n, float("nan")) for record in self.history] for n in names}
+
     # -- params ----------------------------------------------------------------------------------
     def setParams(self, **values: Any) -> TorchModel:
         """Set params by name (the setters, ``setPredictionCol(...)`` and so on, call this)."""

@@ -26,9 +26,10 @@ from pyspark.ml.param.shared import (
 
 from sparktrain.errors import ConfigError
 from sparktrain.spark import tasks
+from sparktrain.spark.trainparams import OBJECTS, TrainingParams
 
 #: Params holding Python objects: pickled by ML persistence, not written as JSON.
-OBJECT_PARAMS = ("model", "loss", "optimizer", "trainFn", "runOptions")
+OBJECT_PARAMS = ("model", "loss", "optimizer", "trainFn", "runOptions", *OBJECTS)
 
 
 def _param(name: str, doc: str, converter: Any = TypeConverters.identity) -> Any:
@@ -115,7 +116,7 @@ class TorchParams(
             raise ConfigError(f"useGpu={self.getUseGpu()!r} must be True, False or None.")
 
 
-class FitParams(TorchParams, HasLabelCol, HasBatchSize, HasLearningRate, HasSeed):
+class FitParams(TorchParams, TrainingParams, HasLabelCol, HasBatchSize, HasLearningRate, HasSeed):
     """The estimator's params: the model, its training, and where the ranks run."""
 
     model: Param[Any] = _param(
@@ -124,7 +125,7 @@ class FitParams(TorchParams, HasLabelCol, HasBatchSize, HasLearningRate, HasSeed
     loss: Param[Any] = _param(
         "loss",
         "loss name (cross_entropy, nll, bce_with_logits, mse, l1, smooth_l1, huber) or a "
-        "function loss(output, label) -> tensor",
+        "function loss(output, label) -> tensor; a list of them, one per output (labelCols)",
     )
     optimizer: Param[Any] = _param(
         "optimizer",
@@ -226,6 +227,7 @@ class FitParams(TorchParams, HasLabelCol, HasBatchSize, HasLearningRate, HasSeed
 
     def check_fit(self) -> None:
         """Refuse bad values of the params that ``fit`` uses, naming the fix."""
+        from sparktrain.spark.loop.lightning import is_lightning
         from sparktrain.strategies import STRATEGIES
 
         self.check_outputs()
@@ -238,13 +240,21 @@ class FitParams(TorchParams, HasLabelCol, HasBatchSize, HasLearningRate, HasSeed
             raise ConfigError(f"model={model!r} must be a torch.nn.Module or a function.")
         if train_fn is not None and not callable(train_fn):
             raise ConfigError(f"trainFn={train_fn!r} must be a function train(context) -> model.")
-        if train_fn is None and self.getLoss() is None:
+        lightning = is_lightning(model)
+        if train_fn is None and self.getLoss() is None and not lightning:
             raise ConfigError(
                 f"TorchEstimator needs loss= (one of {', '.join(tasks.LOSSES)}, or a function "
-                "loss(output, label) -> tensor), or trainFn= for a loop of your own."
+                "loss(output, label) -> tensor), a LightningModule as model=, or trainFn= for a "
+                "loop of your own."
             )
         tasks.check_loss(self.getLoss())
         tasks.check_optimizer(self.getOptimizer())
+        self.check_training()
+        if lightning and self.training("metrics"):
+            raise ConfigError(
+                "metrics= does not apply to a LightningModule: log them with self.log(...) in its "
+                "training_step and validation_step; they become the epoch's metrics."
+            )
         for name in ("epochs", "batchSize", "numProcesses"):
             _positive(name, self.getOrDefault(name))
         if not self.getLearningRate() > 0:

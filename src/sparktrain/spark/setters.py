@@ -113,3 +113,83 @@ class FitSetters(TorchSetters):
     def setRunOptions(self, value: Any) -> Self:
         """The launch's ``sparktrain.RunOptions``."""
         return self.setParams(runOptions=value)
+
+    def setValidation(self, value: float | str | None) -> Self:
+        """Validation rows: a fraction, or a boolean column."""
+        return self.setParams(validation=value)
+
+    def setMetrics(self, value: Any) -> Self:
+        """Metric names or functions, per epoch on train and validation."""
+        return self.setParams(metrics=value)
+
+    def setCallbacks(self, value: list[Any] | None) -> Self:
+        """Functions callback(epoch, record); a true result stops the fit."""
+        return self.setParams(callbacks=value)
+
+    def setValBatchSize(self, value: int | None) -> Self:
+        """Rows per validation batch (None: batchSize)."""
+        return self.setParams(valBatchSize=value)
+
+    def setTrainStepsPerEpoch(self, value: int | None) -> Self:
+        """Batches per epoch on each rank (None: all)."""
+        return self.setParams(trainStepsPerEpoch=value)
+
+    def setValidationStepsPerEpoch(self, value: int | None) -> Self:
+        """Validation batches per epoch on each rank."""
+        return self.setParams(validationStepsPerEpoch=value)
+
+    def setWeightCol(self, value: str) -> Self:
+        """The sample weight column."""
+        return self.setParams(weightCol=value)
+
+    def setLabelCols(self, value: list[str] | None) -> Self:
+        """One label column per output of the model."""
+        return self.setParams(labelCols=value)
+
+    def setLossWeights(self, value: list[float] | None) -> Self:
+        """The weight of each output's loss."""
+        return self.setParams(lossWeights=value)
+
+    def setTransformationFn(self, value: Any) -> Self:
+        """A function of each batch dict, run in the data reader."""
+        return self.setParams(transformationFn=value)
+
+    def setBackwardPassesPerStep(self, value: int) -> Self:
+        """Batches accumulated per optimizer step."""
+        return self.setParams(backwardPassesPerStep=value)
+
+    def setEarlyStoppingPatience(self, value: int) -> Self:
+        """Epochs without improvement before stopping (0: never)."""
+        return self.setParams(earlyStoppingPatience=value)
+
+    def setMonitor(self, value: str | None) -> Self:
+        """The metric early stopping watches."""
+        return self.setParams(monitor=value)
+
+    def setMonitorMode(self, value: str) -> Self:
+        """min, max or auto."""
+        return self.setParams(monitorMode=value)
+
+    def setMinDelta(self, value: float) -> Self:
+        """The smallest change that counts as an improvement."""
+        return self.setParams(minDelta=value)
+
+    def setRestoreBestWeights(self, value: bool) -> Self:
+        """Return the best epoch's weights after early stopping."""
+        return self.setParams(restoreBestWeights=value)
+
+    def setLrSchedule(self, value: Any) -> Self:
+        """A schedule name or a function schedule(optimizer)."""
+        return self.setParams(lrSchedule=value)
+
+    def setStore(self, value: str | None) -> Self:
+        """The folder of the fit's checkpoints."""
+        return self.setParams(store=value)
+
+    def setRunId(self, value: str | None) -> Self:
+        """The fit's name in the store (a fit with a runId resumes)."""
+        return self.setParams(runId=value)
+
+    def setCheckpointEvery(self, value: int) -> Self:
+        """Steps between checkpoints inside an epoch (0: epoch ends)."""
+        return self.setParams(checkpointEvery=value)

@@ -56,7 +56,11 @@ OPTIMIZERS: dict[str, str] = {
 
 
 def check_loss(loss: object) -> None:
-    """Refuse a loss that is neither a known name nor a function."""
+    """Refuse a loss that is neither a known name nor a function (nor a list of them)."""
+    if isinstance(loss, (list, tuple)):
+        for one in loss:
+            check_loss(one)
+        return
     if loss is None or callable(loss):
         return
     if loss not in LOSSES:
@@ -84,6 +88,8 @@ def resolve_task(task: str, loss: object) -> Task:
         raise ConfigError(f"unknown task {task!r}; choose one of: {', '.join(TASKS)}.")
     if task != "auto":
         return task  # type: ignore[return-value]
+    if isinstance(loss, (list, tuple)):
+        return "raw"  # several outputs: transform gives them as they are
     if isinstance(loss, str):
         return LOSSES[loss][0]
     return _LOSS_MODULES.get(type(loss).__name__, "raw")
@@ -96,6 +102,30 @@ def loss_function(loss: object) -> Callable[[Any, Any], Any]:
 
         return getattr(F, LOSSES[loss][1])  # type: ignore[no-any-return]
     return loss  # type: ignore[return-value]
+
+
+def weighted_loss(loss: object, output: Any, target: Any, weight: Any = None) -> Any:
+    """``loss(output, target)``; with ``weight`` (one per row), the weighted mean over rows.
+
+    Raises:
+        ConfigError: A loss function that returns one number where per-row values are needed.
+    """
+    if weight is None:
+        return loss_function(loss)(output, target)
+    if isinstance(loss, str):
+        import torch.nn.functional as F
+
+        per = getattr(F, LOSSES[loss][1])(output, target, reduction="none")
+    else:
+        per = loss(output, target)  # type: ignore[operator]
+        if per.dim() == 0:
+            raise ConfigError(
+                "weightCol needs a loss per row: make the loss function return one value per "
+                "row (reduction='none'), or use a named loss."
+            )
+    per = per.reshape(len(weight), -1).mean(dim=1)
+    weight = weight.to(per.dtype)
+    return (per * weight).sum() / weight.sum().clamp(min=1e-12)
 
 
 def make_optimizer(optimizer: object, parameters: Any, learning_rate: float) -> Any:

@@ -28,6 +28,46 @@ EXAMPLE_ROWS = 5
 
 
 @dataclass(frozen=True)
+class FitControls:
+    """The built-in loop's settings beyond the model (the estimator's params, resolved).
+
+    Attributes:
+        val_data: The validation rows (every rank reads them all, and uses its share).
+        metrics: ``(name, function)`` of each metric.
+        callbacks: Functions ``callback(epoch, record)``; a true result stops the fit.
+        train_steps, val_steps: Batches per epoch per rank (``None``: all).
+        weight: The sample weight column.
+        labels, tasks, losses: Per output: the label column, its task and its loss.
+        loss_weights: Per output, its weight in the loss (``None``: 1 each).
+        accumulate: Batches per optimizer step.
+        patience, monitor, mode, min_delta, restore_best: Early stopping (``patience=0``: off).
+        schedule: The ``lrSchedule`` param.
+        run_dir: The run's checkpoint folder (``None``: no checkpoints).
+        checkpoint_every: Steps between checkpoints inside an epoch (0: epoch ends only).
+    """
+
+    val_data: Any = None
+    metrics: tuple[tuple[str, Any], ...] = ()
+    callbacks: tuple[Any, ...] = ()
+    train_steps: int | None = None
+    val_steps: int | None = None
+    weight: str | None = None
+    labels: tuple[str, ...] = ()
+    tasks: tuple[Any, ...] = ()
+    losses: tuple[Any, ...] = ()
+    loss_weights: tuple[float, ...] | None = None
+    accumulate: int = 1
+    patience: int = 0
+    monitor: str | None = None
+    mode: str = "auto"
+    min_delta: float = 0.0
+    restore_best: bool = True
+    schedule: Any = None
+    run_dir: str | None = None
+    checkpoint_every: int = 0
+
+
+@dataclass(frozen=True)
 class FitJob:
     """What every rank of a fit is given (built by the estimator on the driver)."""
 
@@ -45,6 +85,7 @@ class FitJob:
     seed: int
     train_fn: Callable[[FitContext], Any] | None
     params: dict[str, Any] = field(default_factory=dict)
+    controls: FitControls = field(default_factory=FitControls)
 
 
 @dataclass(frozen=True)
@@ -55,7 +96,8 @@ class FitOutcome:
         model: The trained model, a plain module on the CPU.
         output: The spec of the model's output for a batch.
         widths: Values per row of each input column (``None`` for scalar columns).
-        history: One record per epoch of the built-in loop (``epoch``, ``loss``).
+        history: One record per epoch of the built-in loop: ``epoch``, ``loss``, the metrics
+            and the validation ones (``val_loss``, ...).
         mlflow_model_uri: The model logged to MLflow, when tracking was on.
     """
 
@@ -83,6 +125,11 @@ class FitContext:
         inputs: The input columns, in the order the model takes them.
         label: The label column.
         device: This rank's device.
+        validation: The validation rows (with ``validation=``), as a
+            ``sparktrain.data.StreamingDataset`` that every rank reads whole (take every
+            ``world_size``-th batch from your rank on to read each row once), else ``None``.
+        run_dir: The fit's checkpoint folder (``<store>/<runId>``), for
+            ``sparktrain.checkpoint.save``/``load_latest``: a restarted fit finds it again.
     """
 
     model: Any
@@ -93,19 +140,23 @@ class FitContext:
     inputs: tuple[str, ...]
     label: str | None
     device: Any
+    validation: Any = None
+    run_dir: str | None = None
 
     def features(self, batch: dict[str, Any], dtype: Any = None) -> list[Any]:
         """The batch's input tensors on this rank's device (floating ones cast to ``dtype``)."""
-        return _features(batch, self.inputs, self.device, dtype or _float_dtype(self.model))
+        return features(batch, self.inputs, self.device, dtype or float_dtype(self.model))
 
 
-def _float_dtype(model: Any) -> Any:
-    from sparktrain.spark.scoring import float_dtype
+def float_dtype(model: Any) -> Any:
+    """The floating dtype of ``model``'s parameters (what its inputs are cast to)."""
+    from sparktrain.spark import scoring
 
-    return float_dtype(model)
+    return scoring.float_dtype(model)
 
 
-def _features(batch: dict[str, Any], names: Sequence[str], device: Any, dtype: Any) -> list[Any]:
+def features(batch: dict[str, Any], names: Sequence[str], device: Any, dtype: Any) -> list[Any]:
+    """The tensors of ``names`` in ``batch`` on ``device``, floating ones cast to ``dtype``."""
     out = []
     for name in names:
         tensor = batch[name]
@@ -122,42 +173,6 @@ def _build(model: Any, seed: int) -> Any:
     return model if isinstance(model, nn.Module) else model()
 
 
-def _loop(job: FitJob, model: Any, device: Any) -> tuple[Any, list[dict[str, float]]]:
-    import torch
-    import torch.distributed as dist
-
-    from sparktrain import strategies, tracking
-    from sparktrain.rank.reporting import report
-
-    dtype = _float_dtype(model)
-    wrapped = strategies.prepare_model(model, job.strategy)
-    optimizer = tasks.make_optimizer(job.optimizer, wrapped.parameters(), job.learning_rate)
-    optimizer = strategies.prepare_optimizer(optimizer, wrapped)
-    loss_fn = tasks.loss_function(job.loss)
-    data, history = job.data, []
-    steps, total_steps = 0, job.epochs * len(data)
-    for epoch in range(job.epochs):
-        data.set_epoch(epoch)
-        total, batches = torch.zeros((), device=device), 0
-        for batch in data:
-            output = wrapped(*_features(batch, job.inputs, device, dtype))
-            label = batch[job.label].to(device, non_blocking=True)
-            loss = loss_fn(output, tasks.labels(label, job.task, output, str(job.label)))
-            optimizer.zero_grad(set_to_none=True)
-            strategies.backward(loss, optimizer)
-            optimizer.step()
-            total, batches, steps = total + loss.detach(), batches + 1, steps + 1
-            report(step=steps, total=total_steps)
-        print(f"epoch {epoch} loss {float(total) / max(batches, 1):.4f} ({batches} batches)")
-        summed = torch.stack([total, torch.tensor(float(batches), device=device)])
-        dist.all_reduce(summed)
-        mean = float(summed[0] / summed[1].clamp(min=1))
-        history.append({"epoch": float(epoch), "loss": mean})
-        report(step=steps, total=total_steps, epoch=epoch, loss=mean)
-        tracking.log_metrics({"loss": mean}, step=epoch)
-    return wrapped, history
-
-
 def _example(data: Any, inputs: Sequence[str]) -> dict[str, Any]:
     """The data's first rows, for the output spec and the MLflow signature."""
     from sparktrain.data import StreamingDataset
@@ -166,6 +181,21 @@ def _example(data: Any, inputs: Sequence[str]) -> dict[str, Any]:
         data.source, batch_size=EXAMPLE_ROWS, columns=inputs, shuffle=False, rank=0, world_size=1
     )
     return next(iter(first))
+
+
+def _plain(trained: Any) -> Any:
+    """The trained model as a plain module on the CPU, a copy when it was on another device."""
+    import copy
+
+    from sparktrain import strategies
+    from sparktrain.spark.loop.lightning import StepModule
+
+    plain = strategies.plain_module(trained)
+    if isinstance(plain, StepModule):
+        plain = plain.lightning
+    if any(p.device.type != "cpu" for p in plain.parameters()):
+        plain = copy.deepcopy(plain).cpu()
+    return plain.eval()
 
 
 def run_fit(job: FitJob) -> FitOutcome | None:
@@ -184,7 +214,7 @@ def run_fit(job: FitJob) -> FitOutcome | None:
     if job.train_fn is not None:
         context = FitContext(
             model, job.data, job.epochs, job.learning_rate, job.strategy, job.inputs,
-            job.label, device,
+            job.label, device, job.controls.val_data, job.controls.run_dir,
         )  # fmt: skip
         trained = job.train_fn(context)
         if trained is None:
@@ -192,15 +222,17 @@ def run_fit(job: FitJob) -> FitOutcome | None:
 
             raise ConfigError("trainFn returned None; it must return the trained model.")
     else:
-        trained, history = _loop(job, model, device)
-    plain = strategies.plain_module(trained).cpu().eval()
+        from sparktrain.spark.loop.epochs import train
+
+        trained, history = train(job, model, device)
+    plain = _plain(trained)
     example = _example(job.data, job.inputs)
-    features = _features(example, job.inputs, torch.device("cpu"), _float_dtype(plain))
+    inputs = features(example, job.inputs, torch.device("cpu"), float_dtype(plain))
     with torch.inference_mode():
-        output = plain(*features)
-    spec = outputs.describe(output, len(features[0]))
-    widths = tuple(None if t.dim() == 1 else int(t[0].numel()) for t in features)
-    signature = {"input_example": features[0]} if len(features) == 1 else {}
+        output = plain(*inputs)
+    spec = outputs.describe(output, len(inputs[0]))
+    widths = tuple(None if t.dim() == 1 else int(t[0].numel()) for t in inputs)
+    signature = {"input_example": inputs[0]} if len(inputs) == 1 else {}
     uri = tracking.log_model(plain, **signature)
     if contract_rank() != 0:
         return None

@@ -1,0 +1,156 @@
+"""The driver's side of a fit's rows and checkpoints.
+
+The validation split, the cached data sets every rank streams, the run folder, and the loop's
+resolved controls:
+
+- ``validation=0.2`` splits the rows with ``DataFrame.randomSplit([0.8, 0.2], seed)``, Spark's
+  own deterministic split (the same rows for the same DataFrame and seed);
+  ``validation="is_val"`` takes the rows where that boolean column is true.
+- Both parts are written once to the data cache (``sparktrain.data``); each rank streams its
+  share of the training rows, and reads the validation rows (in order, without shuffling)
+  keeping every ``world_size``-th batch from its rank on, so that each row counts once.
+- The run folder is ``<store>/<runId>``: ``store`` defaults to ``fits`` beside a shared data
+  cache, or to a private temporary folder in local mode; a fit without a ``runId`` gets a
+  fresh one, resumed by its own restarts and removed once the fit returns.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sparktrain.errors import ConfigError
+from sparktrain.spark import tasks
+from sparktrain.spark.loop import metrics
+from sparktrain.spark.params import FitParams, quoted
+from sparktrain.spark.training import FitControls
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """Where a fit checkpoints, and whether it is removed once the fit returns."""
+
+    path: str
+    temporary: bool
+
+    def remove(self) -> None:
+        """Remove the folder of a fit that named no ``runId``."""
+        if self.temporary:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+def run_folder(stage: FitParams, dataset: Any, cache_dir: str | None) -> RunFolder:
+    """The fit's checkpoint folder (module doc)."""
+    from sparktrain.data.cache import cache_root
+
+    store = stage.training("store")
+    if store is None:
+        root, private = cache_root(dataset, cache_dir)
+        store = (
+            os.path.join(tempfile.gettempdir(), f"sparktrain-fits-{os.getuid()}")
+            if private
+            else f"{root.rstrip('/')}/fits"
+        )
+    local = _local_folder(str(store))
+    run_id = stage.training("runId")
+    if run_id is not None and (not isinstance(run_id, str) or not run_id or "/" in run_id):
+        raise ConfigError(f"runId={run_id!r} must be a non-empty name without '/'.")
+    return RunFolder(os.path.join(local, run_id or f"fit-{uuid.uuid4().hex[:12]}"), run_id is None)
+
+
+def _local_folder(store: str) -> str:
+    from sparktrain.data.cache import local_folder
+
+    local = local_folder(store)
+    if local is None:
+        raise ConfigError(
+            f"store={store!r}: checkpoints are written with file operations; name a folder every "
+            "rank and the driver reach as files (a local path, a shared mount, dbfs:/...)."
+        )
+    return local
+
+
+def split(stage: FitParams, dataset: Any) -> tuple[Any, Any | None]:
+    """The training rows and the validation rows (``None`` without ``validation``)."""
+    validation = stage.training("validation")
+    if validation is None:
+        return dataset, None
+    if isinstance(validation, str):
+        if validation not in dataset.columns:
+            raise ConfigError(
+                f"validation={validation!r} is not a column; the DataFrame has "
+                f"{', '.join(dataset.columns)}."
+            )
+        from pyspark.sql import functions as F
+
+        column = F.col(quoted(validation)).cast("boolean")
+        return dataset.filter(~column), dataset.filter(column)
+    train, val = dataset.randomSplit([1.0 - float(validation), float(validation)], stage.getSeed())
+    return train, val
+
+
+def streams(
+    stage: FitParams, dataset: Any, columns: list[str], cache_dir: str | None
+) -> tuple[Any, Any | None]:
+    """The training and validation rows as ``sparktrain.data`` streams of ``columns``."""
+    from sparktrain.data import from_dataframe
+
+    train, val = split(stage, dataset)
+    transform = stage.training("transformationFn")
+    data = from_dataframe(
+        train.select(*columns), cache_dir=cache_dir, batch_size=stage.getBatchSize(),
+        shuffle=stage.getShuffle(), seed=stage.getSeed(), transform=transform,
+    )  # fmt: skip
+    if val is None:
+        return data, None
+    val_data = from_dataframe(
+        val.select(*columns), cache_dir=cache_dir,
+        batch_size=stage.training("valBatchSize") or stage.getBatchSize(), shuffle=False,
+        transform=transform, rank=0, world_size=1,
+    )  # fmt: skip
+    return data, val_data
+
+
+def labels(stage: FitParams, dataset: Any) -> tuple[str, ...]:
+    """The label columns: ``labelCols``, else ``labelCol`` (none for a loop without labels)."""
+    several = stage.training("labelCols")
+    if several:
+        return tuple(several)
+    label = stage.getLabelCol()
+    if stage.getTrainFn() is not None and label not in dataset.columns:
+        return ()  # a loop of the user's own may not need labels
+    return (label,)
+
+
+def controls(
+    stage: FitParams, names: tuple[str, ...], val_data: Any, folder: RunFolder
+) -> FitControls:
+    """The loop's :class:`FitControls` from the stage's params."""
+    loss = stage.getLoss()
+    losses = tuple(loss) if isinstance(loss, (list, tuple)) else (loss,) * len(names)
+    if len(losses) != len(names):
+        raise ConfigError(
+            f"loss has {len(losses)} functions and there are {len(names)} label columns "
+            f"({', '.join(names)}); give one loss per label column, or one for all."
+        )
+    weights = stage.training("lossWeights")
+    return FitControls(
+        val_data=val_data, metrics=metrics.resolve(stage.training("metrics")),
+        callbacks=tuple(stage.training("callbacks") or ()),
+        train_steps=stage.training("trainStepsPerEpoch"),
+        val_steps=stage.training("validationStepsPerEpoch"),
+        weight=stage.getWeightCol() if stage.isDefined("weightCol") and stage.getWeightCol()
+        else None,
+        labels=names, tasks=tuple(tasks.resolve_task("auto", one) for one in losses),
+        losses=losses, loss_weights=tuple(float(w) for w in weights) if weights else None,
+        accumulate=stage.training("backwardPassesPerStep"),
+        patience=stage.training("earlyStoppingPatience"), monitor=stage.training("monitor"),
+        mode=stage.training("monitorMode"), min_delta=stage.training("minDelta"),
+        restore_best=stage.training("restoreBestWeights"),
+        schedule=stage.training("lrSchedule"), run_dir=folder.path,
+        checkpoint_every=stage.training("checkpointEvery"),
+    )  # fmt: skip

@@ -385,3 +385,24 @@ def test_the_loop_params_save_and_load(spark: Any, tmp_path: Path) -> None:
     assert isinstance(loaded.getOrDefault("lrSchedule"), _Ascent)
     assert list(loaded.getOrDefault("metrics")) == ["acc"]
     loaded.check_fit()
+
+
+def test_the_folders_of_unnamed_fits_whose_caller_died_are_removed(
+    spark: Any, tmp_path: Path
+) -> None:
+    from sparktrain.spark import fitdata
+
+    dead = tmp_path / "fit-0123456789ab"
+    dead.mkdir()
+    subprocess.run(  # a caller that wrote its owner file, then died
+        [sys.executable, "-c", "import sys; from sparktrain.data.cache import write_owner; "
+         "write_owner(sys.argv[1])", str(dead)], check=True, env={**os.environ,
+         "PYTHONPATH": str(ROOT / "src")},
+    )  # fmt: skip
+    (tmp_path / "named").mkdir()
+    estimator = TorchEstimator(model=lambda: nn.Linear(4, 3), loss="mse", store=str(tmp_path))
+    folder = fitdata.run_folder(estimator, _blobs(spark, 10), None)
+    assert folder.temporary and Path(folder.path).is_dir()
+    assert not dead.exists() and (tmp_path / "named").is_dir()
+    folder.remove()
+    assert not Path(folder.path).exists()

@@ -90,7 +90,8 @@ def _for_spark(path: str) -> str:
     return f"file://{os.path.abspath(path)}" if "://" not in path and ":/" not in path else path
 
 
-def _owner_alive(folder: Path) -> bool:
+def owner_alive(folder: Path) -> bool:
+    """Whether the process that wrote ``folder``'s owner file lives (another host's: yes)."""
     try:
         owner = json.loads((folder / _OWNER).read_text())
     except (OSError, ValueError):
@@ -116,7 +117,7 @@ def sweep(root: str, *, owned_only: bool) -> list[str]:
             continue
         if unfinished and not (entry / _OWNER).exists() and entry.stat().st_mtime > _recent():
             continue  # being created right now: its owner file is not written yet
-        if not _owner_alive(entry):
+        if not owner_alive(entry):
             shutil.rmtree(entry, ignore_errors=True)
             removed.append(str(entry))
     return removed
@@ -128,7 +129,8 @@ def _recent() -> float:
     return time.time() - 60
 
 
-def _write_owner(folder: str) -> None:
+def write_owner(folder: str) -> None:
+    """Record this process as ``folder``'s owner (see :func:`owner_alive`)."""
     pid = os.getpid()
     owner = {"host": socket.gethostname(), "pid": pid, "start": procfs.start_ticks(pid)}
     Path(folder, _OWNER).write_text(json.dumps(owner))
@@ -159,7 +161,7 @@ def materialise(df: Any, given: str | os.PathLike[str] | None = None) -> str:
         return final
     tmp = Path(local, f".tmp-{key}-{uuid.uuid4().hex[:8]}")
     os.makedirs(tmp, mode=0o700)
-    _write_owner(str(tmp))
+    write_owner(str(tmp))
     try:
         _write(df, _for_spark(f"{root.rstrip('/')}/{tmp.name}"), mode="append")
         try:

@@ -11,16 +11,19 @@ resolved controls:
   keeping every ``world_size``-th batch from its rank on, so that each row counts once.
 - The run folder is ``<store>/<runId>``: ``store`` defaults to ``fits`` beside a shared data
   cache, or to a private temporary folder in local mode; a fit without a ``runId`` gets a
-  fresh one, resumed by its own restarts and removed once the fit returns.
+  fresh one, resumed by its own restarts and removed once the fit returns (or, when the
+  caller died first, by the next fit that finds it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sparktrain.errors import ConfigError
@@ -28,6 +31,9 @@ from sparktrain.spark import tasks
 from sparktrain.spark.loop import metrics
 from sparktrain.spark.params import FitParams, quoted
 from sparktrain.spark.training import FitControls
+
+#: The name of a run folder made for a fit without a ``runId`` starts so.
+UNNAMED = "fit-"
 
 
 @dataclass(frozen=True)
@@ -59,7 +65,23 @@ def run_folder(stage: FitParams, dataset: Any, cache_dir: str | None) -> RunFold
     run_id = stage.training("runId")
     if run_id is not None and (not isinstance(run_id, str) or not run_id or "/" in run_id):
         raise ConfigError(f"runId={run_id!r} must be a non-empty name without '/'.")
-    return RunFolder(os.path.join(local, run_id or f"fit-{uuid.uuid4().hex[:12]}"), run_id is None)
+    if run_id is not None:
+        return RunFolder(os.path.join(local, run_id), temporary=False)
+    return RunFolder(_unnamed(local), temporary=True)
+
+
+def _unnamed(store: str) -> str:
+    """A fresh run folder owned by this process; those of callers that died are removed."""
+    from sparktrain.data.cache import owner_alive, write_owner
+
+    with contextlib.suppress(OSError):
+        for entry in Path(store).glob(f"{UNNAMED}*"):
+            if entry.is_dir() and not owner_alive(entry):
+                shutil.rmtree(entry, ignore_errors=True)
+    folder = os.path.join(store, f"{UNNAMED}{uuid.uuid4().hex[:12]}")
+    os.makedirs(folder, exist_ok=True)
+    write_owner(folder)
+    return folder
 
 
 def _local_folder(store: str) -> str:

@@ -249,6 +249,7 @@ def test_spark_udf_on_the_logged_model_matches_transform(
     estimator = TorchEstimator(
         model=nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 3)),
         loss="cross_entropy", numProcesses=2, mlflow=True, localMode=True, useGpu=False,
+        epochs=2, validation=0.3, metrics=["accuracy"],
     )  # fmt: skip
     model = estimator.fit(df)
     assert model.mlflow_model_uri is not None
@@ -265,6 +266,10 @@ def test_spark_udf_on_the_logged_model_matches_transform(
     run_id = mlflow.models.get_model_info(model.mlflow_model_uri).run_id
     run = mlflow.tracking.MlflowClient().get_run(run_id)
     assert run.data.params["loss"] == "cross_entropy" and "loss" in run.data.metrics
+    for name, values in model.getHistory().items():  # every epoch's record, once, in MLflow
+        logged = mlflow.tracking.MlflowClient().get_metric_history(run_id, name)
+        assert [m.value for m in sorted(logged, key=lambda m: m.step)] == pytest.approx(values)
+    assert set(model.getHistory()) == {"loss", "accuracy", "val_loss", "val_accuracy"}
 
 
 def test_regression_in_local_mode_and_a_training_function(spark: Any) -> None:

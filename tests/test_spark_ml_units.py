@@ -236,3 +236,29 @@ def test_bad_training_params_are_named_before_fit(given: dict[str, Any], message
     estimator = TorchEstimator(model=lambda: torch.nn.Linear(2, 1), loss="mse", **given)
     with pytest.raises(ConfigError, match=re.escape(message)):
         estimator.check_fit()
+
+
+def test_the_task_param_decides_how_labels_of_a_custom_loss_are_read() -> None:
+    from sparktrain.spark import TorchEstimator, fitdata
+
+    def my_loss(output: Any, label: Any) -> Any:
+        return torch.nn.functional.cross_entropy(output, label)
+
+    estimator = TorchEstimator(model=lambda: torch.nn.Linear(2, 3), loss=my_loss)
+    assert fitdata._tasks(estimator, (my_loss,)) == ("raw",)
+    estimator.setTask("classification")
+    assert fitdata._tasks(estimator, (my_loss,)) == ("classification",)
+    assert fitdata._tasks(estimator, ("cross_entropy", "mse")) == ("classification", "regression")
+
+
+def test_binary_and_multiclass_metrics_follow_the_output_not_the_rows_present() -> None:
+    from sparktrain.spark.loop import metrics
+
+    three = torch.tensor([[2.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.0, 2.0, 0.0]])
+    labels = torch.tensor([0.0, 1.0, 0.0])  # class 2 absent: still a macro mean, over 0 and 1
+    assert metrics.f1(three, labels) == pytest.approx((2 / 3 + 2 / 3) / 2)
+    with pytest.raises(ConfigError, match="auc needs a binary score"):
+        metrics.auc(three, labels)
+    assert metrics.compute(metrics.resolve(["f1"]), torch.empty(0, 3), torch.empty(0), "v_") == {
+        "v_f1": pytest.approx(float("nan"), nan_ok=True)
+    }

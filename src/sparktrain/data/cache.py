@@ -32,7 +32,7 @@ from sparktrain import procfs
 from sparktrain.errors import ConfigError
 
 CONF = "spark.sparktrain.data.cacheDir"
-_OWNER = "_sparktrain_owner.json"
+OWNER = "_sparktrain_owner.json"
 _ROW_GROUP_BYTES = 32 * 1024 * 1024
 _MINE: set[str] = set()
 
@@ -93,7 +93,7 @@ def _for_spark(path: str) -> str:
 def owner_alive(folder: Path) -> bool:
     """Whether the process that wrote ``folder``'s owner file lives (another host's: yes)."""
     try:
-        owner = json.loads((folder / _OWNER).read_text())
+        owner = json.loads((folder / OWNER).read_text())
     except (OSError, ValueError):
         return False
     if owner.get("host") != socket.gethostname():
@@ -115,7 +115,7 @@ def sweep(root: str, *, owned_only: bool) -> list[str]:
         unfinished = entry.name.startswith(".tmp-")
         if not entry.is_dir() or not (unfinished or owned_only):
             continue
-        if unfinished and not (entry / _OWNER).exists() and entry.stat().st_mtime > _recent():
+        if unfinished and not (entry / OWNER).exists() and entry.stat().st_mtime > _recent():
             continue  # being created right now: its owner file is not written yet
         if not owner_alive(entry):
             shutil.rmtree(entry, ignore_errors=True)
@@ -133,7 +133,7 @@ def write_owner(folder: str) -> None:
     """Record this process as ``folder``'s owner (see :func:`owner_alive`)."""
     pid = os.getpid()
     owner = {"host": socket.gethostname(), "pid": pid, "start": procfs.start_ticks(pid)}
-    Path(folder, _OWNER).write_text(json.dumps(owner))
+    Path(folder, OWNER).write_text(json.dumps(owner))
 
 
 def _remove_mine() -> None:

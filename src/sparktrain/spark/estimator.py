@@ -181,15 +181,16 @@ class TorchEstimator(
         columns = list(dict.fromkeys([*inputs, *names, *([weight] if weight else [])]))
         data, val_data = fitdata.streams(self, dataset, columns, options.data_cache_dir)
         folder = fitdata.run_folder(self, dataset, options.data_cache_dir)
-        job = FitJob(
-            model=self.getModel(), loss=self.getLoss(), optimizer=self.getOptimizer(),
-            learning_rate=self.getLearningRate(), epochs=self.getEpochs(), data=data,
-            inputs=inputs, label=names[0] if names else None, task=task,
-            strategy=self.getStrategy(), dist_backend=prepared.plan.dist_backend,
-            seed=self.getSeed(), train_fn=self.getTrainFn(), params=self._logged_params(task),
-            controls=fitdata.controls(self, names, val_data, folder),
-        )  # fmt: skip
         try:
+            job = FitJob(
+                model=self.getModel(), loss=self.getLoss(), optimizer=self.getOptimizer(),
+                learning_rate=self.getLearningRate(), epochs=self.getEpochs(), data=data,
+                inputs=inputs, label=names[0] if names else None, task=task,
+                strategy=self.getStrategy(), dist_backend=prepared.plan.dist_backend,
+                seed=self.getSeed(), train_fn=self.getTrainFn(),
+                params=self._logged_params(task),
+                controls=fitdata.controls(self, names, val_data, folder),
+            )  # fmt: skip
             outcome = prepared.run(run_fit, (job,)).value
         finally:
             folder.remove()  # a fit without a runId cannot be resumed by a later one

@@ -20,7 +20,9 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 import tempfile
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,31 +42,35 @@ UNNAMED = "fit-"
 class RunFolder:
     """Where a fit checkpoints, and whether it is removed once the fit returns."""
 
-    path: str
+    path: str | None
     temporary: bool
 
     def remove(self) -> None:
         """Remove the folder of a fit that named no ``runId``."""
-        if self.temporary:
+        if self.temporary and self.path is not None:
             shutil.rmtree(self.path, ignore_errors=True)
 
 
 def run_folder(stage: FitParams, dataset: Any, cache_dir: str | None) -> RunFolder:
     """The fit's checkpoint folder (module doc)."""
-    from sparktrain.data.cache import cache_root
+    from sparktrain.data.cache import cache_root, local_folder
 
-    store = stage.training("store")
-    if store is None:
-        root, private = cache_root(dataset, cache_dir)
-        store = (
-            os.path.join(tempfile.gettempdir(), f"sparktrain-fits-{os.getuid()}")
-            if private
-            else f"{root.rstrip('/')}/fits"
-        )
-    local = _local_folder(str(store))
-    run_id = stage.training("runId")
+    store, run_id = stage.training("store"), stage.training("runId")
     if run_id is not None and (not isinstance(run_id, str) or not run_id or "/" in run_id):
         raise ConfigError(f"runId={run_id!r} must be a non-empty name without '/'.")
+    if store is None:
+        root, private = cache_root(dataset, cache_dir)
+        if private:
+            store = os.path.join(tempfile.gettempdir(), f"sparktrain-fits-{os.getuid()}")
+            os.makedirs(store, mode=0o700, exist_ok=True)  # checkpoints are unpickled
+        elif local_folder(root) is None and run_id is None:  # an object store: files cannot go
+            print(f"sparktrain: the data cache {root} is not a folder of files, so this fit is "
+                  "not checkpointed (a restart begins at epoch 0); pass store= for one that "
+                  "every rank and the driver reach", file=sys.stderr)  # fmt: skip
+            return RunFolder(None, temporary=False)
+        else:
+            store = f"{root.rstrip('/')}/fits"
+    local = _local_folder(str(store))
     if run_id is not None:
         return RunFolder(os.path.join(local, run_id), temporary=False)
     return RunFolder(_unnamed(local), temporary=True)
@@ -72,11 +78,13 @@ def run_folder(stage: FitParams, dataset: Any, cache_dir: str | None) -> RunFold
 
 def _unnamed(store: str) -> str:
     """A fresh run folder owned by this process; those of callers that died are removed."""
-    from sparktrain.data.cache import owner_alive, write_owner
+    from sparktrain.data.cache import OWNER, owner_alive, write_owner
 
+    young = time.time() - 60  # a folder whose owner file is being written now
     with contextlib.suppress(OSError):
         for entry in Path(store).glob(f"{UNNAMED}*"):
-            if entry.is_dir() and not owner_alive(entry):
+            unowned = not (entry / OWNER).exists() and entry.stat().st_mtime > young
+            if entry.is_dir() and not unowned and not owner_alive(entry):
                 shutil.rmtree(entry, ignore_errors=True)
     folder = os.path.join(store, f"{UNNAMED}{uuid.uuid4().hex[:12]}")
     os.makedirs(folder, exist_ok=True)
@@ -109,7 +117,7 @@ def split(stage: FitParams, dataset: Any) -> tuple[Any, Any | None]:
             )
         from pyspark.sql import functions as F
 
-        column = F.col(quoted(validation)).cast("boolean")
+        column = F.coalesce(F.col(quoted(validation)).cast("boolean"), F.lit(False))
         return dataset.filter(~column), dataset.filter(column)
     train, val = dataset.randomSplit([1.0 - float(validation), float(validation)], stage.getSeed())
     return train, val
@@ -148,6 +156,13 @@ def labels(stage: FitParams, dataset: Any) -> tuple[str, ...]:
     return (label,)
 
 
+def _tasks(stage: FitParams, losses: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Each output's task: the ``task`` param for one output, else what each loss implies."""
+    if len(losses) == 1:
+        return (tasks.resolve_task(stage.getTask(), losses[0]),)
+    return tuple(tasks.resolve_task("auto", one) for one in losses)
+
+
 def controls(
     stage: FitParams, names: tuple[str, ...], val_data: Any, folder: RunFolder
 ) -> FitControls:
@@ -167,7 +182,7 @@ def controls(
         val_steps=stage.training("validationStepsPerEpoch"),
         weight=stage.getWeightCol() if stage.isDefined("weightCol") and stage.getWeightCol()
         else None,
-        labels=names, tasks=tuple(tasks.resolve_task("auto", one) for one in losses),
+        labels=names, tasks=_tasks(stage, losses),
         losses=losses, loss_weights=tuple(float(w) for w in weights) if weights else None,
         accumulate=stage.training("backwardPassesPerStep"),
         patience=stage.training("earlyStoppingPatience"), monitor=stage.training("monitor"),

@@ -44,7 +44,7 @@ TRAINING: dict[str, tuple[Any, str]] = {
                    "schedule(optimizer) -> LR scheduler"),
     "store": (None, "the folder of the fit's checkpoints (None: beside the data cache)"),
     "runId": (None, "the fit's name in the store: a fit with a runId resumes its checkpoint"),
-    "checkpointEvery": (0, "steps between checkpoints inside an epoch (0: at epoch ends)"),
+    "checkpointEvery": (0, "optimizer steps between checkpoints inside an epoch (0: none)"),
 }  # fmt: skip
 #: The params above that hold Python objects (pickled by ML persistence).
 OBJECTS = ("metrics", "callbacks", "transformationFn", "lrSchedule")
@@ -128,7 +128,8 @@ class TrainingParams(HasWeightCol):
                 f"{', '.join(controls.MODES)}."
             )
         controls.check_schedule(self.training("lrSchedule"))
-        if not all(callable(f) for f in self.training("callbacks") or []):
+        callbacks = self.training("callbacks") or []
+        if not isinstance(callbacks, (list, tuple)) or not all(callable(f) for f in callbacks):
             raise ConfigError("callbacks must be a list of functions callback(epoch, record).")
         transformation = self.training("transformationFn")
         if transformation is not None and not callable(transformation):

@@ -3,7 +3,7 @@
 - **Early stopping** (``earlyStoppingPatience=N``): the fit stops after ``N`` epochs without the
   monitored metric (``monitor``, by default ``val_loss`` with validation rows and ``loss``
   without) improving by more than ``minDelta``; with ``restoreBestWeights`` (the default) the
-  model returned, and the one checkpointed, is the best epoch's.
+  model returned is the best epoch's (the checkpoints hold the best weights beside the last).
 - **Schedules** (``lrSchedule``): a name, stepped over the whole fit's optimizer steps
   (``cosine``, ``linear``, ``onecycle``, from ``learningRate``), per epoch (``exponential``:
   x0.9, ``step``: x0.1 every third of the epochs), or on the monitored metric (``plateau``); or
@@ -79,9 +79,9 @@ class EarlyStopping:
                 "validation=)."
             )
         value = float(record[self.metric])
-        if self.best is None or self._improves(value):
+        if self.best is None or math.isnan(self.best) or self._improves(value):
             self.best, self.best_epoch, self.waited = value, epoch, 0
-            self.best_state = copy.deepcopy(state() if callable(state) else state)
+            self.best_state = _on_cpu(state() if callable(state) else state)
             return False
         self.waited += 1
         return self.patience > 0 and self.waited >= self.patience
@@ -93,6 +93,14 @@ class EarlyStopping:
         if self.mode == "max":
             return value > self.best + self.min_delta
         return value < self.best - self.min_delta
+
+
+def _on_cpu(state: Any) -> Any:
+    """A copy of a state dict with its tensors on the CPU (kept for many epochs)."""
+    if isinstance(state, Mapping):
+        return {k: v.detach().cpu().clone() if hasattr(v, "detach") else copy.deepcopy(v)
+                for k, v in state.items()}  # fmt: skip
+    return copy.deepcopy(state)
 
 
 @dataclass

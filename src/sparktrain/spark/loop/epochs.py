@@ -26,6 +26,8 @@ def _prepare(job: FitJob, model: Any, device: Any) -> Fit:
 
     c = job.controls
     is_lightning = lightning.is_lightning(model)
+    if is_lightning:
+        model.to(device)  # so that the module's own device and dtype (self.device) follow
     wrapped = strategies.prepare_model(lightning.StepModule(model) if is_lightning else model,
                                        job.strategy)  # fmt: skip
     if is_lightning:
@@ -39,14 +41,21 @@ def _prepare(job: FitJob, model: Any, device: Any) -> Fit:
     metric = controls.monitored(c.monitor, c.val_data is not None)
     mode = controls.mode_of(metric, c.mode)
     if schedule is None:
-        total = job.epochs * (steps.train_batches(job) // c.accumulate or 1)
         schedule = controls.make_schedule(
-            c.schedule, optimizer, total_steps=total, epochs=job.epochs, mode=mode
-        )
+            c.schedule, _torch_optimizer(optimizer), total_steps=job.epochs *
+            steps.optimizer_steps(job), epochs=job.epochs, mode=mode,
+        )  # fmt: skip
     stopper = None
     if c.patience > 0:
         stopper = controls.EarlyStopping(metric, mode, c.patience, c.min_delta)
     return Fit(job, wrapped, optimizer, device, schedule, stopper, is_lightning)
+
+
+def _torch_optimizer(optimizer: Any) -> Any:
+    """The torch optimizer inside a strategy's wrapper (LR schedulers take only those)."""
+    from sparktrain.strategies.memory import _torch_optimizer as inner
+
+    return inner(optimizer)
 
 
 def _validate(fit: Fit, logged: lightning.Logged) -> dict[str, float]:
@@ -70,10 +79,11 @@ def _validate(fit: Fit, logged: lightning.Logged) -> dict[str, float]:
             if not (mine or lockstep):
                 continue
             logged.batch_rows = len(next(iter(batch.values())))
-            if fit.lightning:
-                if mine:
-                    moved = lightning.on_device(batch, fit.device, float_dtype(model))
-                    model(moved, index, lightning.VALIDATE)
+            if fit.lightning:  # sharded: every rank runs the step, only the batch's own logs it
+                logged.muted = not mine
+                moved = lightning.on_device(batch, fit.device, float_dtype(model))
+                model(moved, index, lightning.VALIDATE)
+                logged.muted = False
                 continue
             loss, outputs, targets = steps.forward_loss(fit, model, batch)
             if mine:
@@ -85,7 +95,8 @@ def _validate(fit: Fit, logged: lightning.Logged) -> dict[str, float]:
         return {}
     if dist.is_initialized():
         dist.all_reduce(sums)
-    record = {"val_loss": float(sums[0] / sums[1].clamp(min=1e-12))}
+    rows = float(sums[1])
+    record = {"val_loss": float(sums[0] / rows) if rows > 0 else float("nan")}
     return {**record, **steps.epoch_metrics(fit, kept, "val_")}
 
 

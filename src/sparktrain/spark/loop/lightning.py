@@ -84,9 +84,12 @@ class Logged:
         self.sums: dict[str, float] = {}
         self.rows: dict[str, float] = {}
         self.batch_rows = 1
+        self.muted = False  # a batch another rank counts (sharded models run every batch)
 
     def log(self, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
         """Lightning's ``self.log`` (other arguments are accepted and not used)."""
+        if self.muted:
+            return
         rows = float(kwargs.get("batch_size") or self.batch_rows)
         value = value.detach() if hasattr(value, "detach") else value
         self.sums[name] = self.sums.get(name, 0.0) + float(value) * rows

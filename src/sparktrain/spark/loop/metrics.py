@@ -40,14 +40,22 @@ def accuracy(output: Any, label: Any) -> float:
     return float((_classes(output) == label.reshape(-1).long()).float().mean())
 
 
+def _binary(output: Any) -> bool:
+    """One logit per row, or two classes: the metrics are the positive class's."""
+    return bool(output.dim() < 2 or output.shape[1] <= 2)
+
+
 def _counts(output: Any, label: Any) -> tuple[Any, Any, Any, Any]:
-    """Per class: true positives, predicted, actual, and the classes."""
+    """Per class: true positives, predicted, actual, and the classes.
+
+    Binary outputs count class 1; others the classes present in the predictions or the labels,
+    as scikit-learn counts them.
+    """
     import torch
 
     predicted, actual = _classes(output), label.reshape(-1).long()
-    classes = torch.unique(torch.cat([predicted, actual]))
-    if len(classes) <= 2 and int(classes.max()) <= 1:
-        classes = torch.tensor([1])  # binary: the positive class only
+    both = torch.cat([predicted, actual])
+    classes = torch.tensor([1]) if _binary(output) else torch.unique(both)
     hits = torch.stack([((predicted == c) & (actual == c)).sum() for c in classes]).double()
     made = torch.stack([(predicted == c).sum() for c in classes]).double()
     real = torch.stack([(actual == c).sum() for c in classes]).double()
@@ -76,6 +84,11 @@ def auc(output: Any, label: Any) -> float:
     """Area under the ROC curve of a binary score (ties share their rank)."""
     import torch
 
+    if not _binary(output):
+        raise ConfigError(
+            f"auc needs a binary score (one logit per row, or two classes); the model gives "
+            f"{output.shape[1]} classes. Pass a function for a one-vs-rest AUC."
+        )
     score, positive = _scores(output).double(), label.reshape(-1) > 0.5
     ordered, inverse = torch.unique(score, return_inverse=True)
     counts = torch.bincount(inverse, minlength=len(ordered)).double()
@@ -154,7 +167,9 @@ def resolve(metrics: object) -> tuple[tuple[str, Metric], ...]:
                 f"metric {metric!r} needs a name and must be a function (output, label) -> "
                 "float: pass a named function, or a dict {'name': function}."
             )
-        if name in found or name == "loss":
+        if name == "loss":
+            raise ConfigError("'loss' names the loss itself; give the metric another name.")
+        if name in found:
             raise ConfigError(f"two metrics are named {name!r}; give them distinct names.")
         found[name] = metric
     return tuple(found.items())
@@ -164,6 +179,8 @@ def compute(
     named: Sequence[tuple[str, Metric]], output: Any, label: Any, prefix: str
 ) -> dict[str, float]:
     """Each metric over ``output`` and ``label`` (all the rows), named with ``prefix``."""
+    if output.shape[0] == 0:  # no rows (a validation set smaller than the ranks, say)
+        return {f"{prefix}{name}": float("nan") for name, _ in named}
     return {f"{prefix}{name}": float(metric(output, label)) for name, metric in named}
 
 

@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparktrain.contract.env import contract_rank
 from sparktrain.spark.loop import controls
 from sparktrain.spark.training import FitJob
 
@@ -37,7 +38,10 @@ class Fit:
     history: list[dict[str, float]] = field(default_factory=list)
     epoch: int = 0
     steps: int = 0  # batches trained over the whole fit
-    partial: tuple[float, int] = (0.0, 0)  # the epoch's loss sum and batches at a resume
+    updates: int = 0  # optimizer steps over the whole fit
+    #: At a resume inside an epoch: the loss sum and batches before it over every rank (rank 0
+    #: carries them, the others 0), and this rank's batches of the epoch before it.
+    partial: tuple[float, int, int] = (0.0, 0, 0)
     checkpoints: bool = True
     stopped: bool = False  # early stopping or a callback ended it
 
@@ -50,7 +54,7 @@ def checkpointable(wrapped: Any) -> bool:
     return made is None or made.name == "ddp"
 
 
-def _state(fit: Fit, partial: tuple[float, int], in_epoch: bool) -> dict[str, Any]:
+def _state(fit: Fit, partial: tuple[float, int, int], in_epoch: bool) -> dict[str, Any]:
     import torch
 
     stopper = fit.stopper
@@ -60,8 +64,9 @@ def _state(fit: Fit, partial: tuple[float, int], in_epoch: bool) -> dict[str, An
         "schedule": fit.schedule.scheduler.state_dict() if fit.schedule else None,
         "epoch": fit.epoch,
         "steps": fit.steps,
+        "updates": fit.updates,
         "data": fit.job.data.state_dict() if in_epoch else None,
-        "partial": partial if in_epoch else (0.0, 0),
+        "partial": partial if in_epoch else (0.0, 0, 0),
         "history": list(fit.history),
         "stopped": fit.stopped,
         "stopper": None if stopper is None else {
@@ -72,15 +77,21 @@ def _state(fit: Fit, partial: tuple[float, int], in_epoch: bool) -> dict[str, An
     }  # fmt: skip
 
 
-def save(fit: Fit, partial: tuple[float, int] = (0.0, 0), *, in_epoch: bool = False) -> None:
-    """Checkpoint ``fit`` (every rank calls it): at an epoch's end, or inside the epoch."""
+def save(
+    fit: Fit, partial: tuple[float, int, int] = (0.0, 0, 0), *, in_epoch: bool = False
+) -> None:
+    """Checkpoint ``fit`` (every rank calls it): at an epoch's end, or inside the epoch.
+
+    ``partial``: inside an epoch, this rank's loss sum and batches so far (with what a resume
+    carried) and its batches of the epoch; the sums are added over every rank first.
+    """
     from sparktrain.rank.checkpoint import save as save_checkpoint
 
     folder = fit.job.controls.run_dir
     if folder is None or not fit.checkpoints:
         return
     if in_epoch:  # the loss so far, over every rank, so that the epoch's mean survives a resume
-        partial = _summed(partial, fit.device)
+        partial = (*_summed(partial[:2], fit.device), partial[2])
     save_checkpoint(_state(fit, partial, in_epoch), folder, fit.steps, keep=KEEP)
 
 
@@ -91,7 +102,6 @@ def _summed(partial: tuple[float, int], device: Any) -> tuple[float, int]:
     values = torch.tensor([partial[0], float(partial[1])], dtype=torch.float64, device=device)
     if dist.is_initialized():
         dist.all_reduce(values)
-        values /= dist.get_world_size()  # each rank resumes with its share of the sum
     return float(values[0]), round(float(values[1]))
 
 
@@ -118,7 +128,10 @@ def resume(fit: Fit) -> bool:
         fit.schedule.scheduler.load_state_dict(state["schedule"])
     fit.epoch, fit.steps, fit.history = state["epoch"], state["steps"], list(state["history"])
     fit.stopped = bool(state["stopped"])
-    fit.partial = (float(state["partial"][0]), int(state["partial"][1]))
+    summed, batches, mine = state["partial"]
+    first = contract_rank() == 0  # one rank carries the sums over every rank's batches
+    fit.partial = (float(summed) if first else 0.0, int(batches) if first else 0, int(mine))
+    fit.updates = int(state["updates"])
     if state["data"] is not None:
         fit.job.data.load_state_dict(state["data"])
     if fit.stopper is not None and state["stopper"] is not None:

@@ -25,6 +25,11 @@ def train_batches(job: FitJob) -> int:
     return min(len(job.data), steps) if steps else len(job.data)
 
 
+def optimizer_steps(job: FitJob) -> int:
+    """Optimizer steps per epoch on each rank (the last, short accumulation steps too)."""
+    return -(-train_batches(job) // job.controls.accumulate)
+
+
 def _targets(fit: Fit, batch: dict[str, Any], outputs: tuple[Any, ...]) -> list[Any]:
     job = fit.job
     return [
@@ -59,10 +64,19 @@ def batch_loss(fit: Fit, batch: dict[str, Any], output: Any) -> tuple[Any, list[
     return total, list(outputs), targets
 
 
-def _check_finite(fit: Fit, loss: Any, epoch: int, index: int) -> None:
+def _check_loss(fit: Fit, loss: Any, epoch: int, index: int) -> None:
+    """Refuse a missing loss (every rank must step together) and a non-finite one."""
     import torch
 
-    if not bool(torch.isfinite(loss)):
+    if loss is None:
+        from sparktrain.errors import ConfigError
+
+        raise ConfigError(
+            f"training_step returned None at epoch {epoch}, batch {index}: in a distributed fit "
+            "every rank must return a loss for every batch (its gradients are averaged over "
+            "the ranks); return a zero loss instead of skipping."
+        )
+    if not bool(torch.isfinite(loss.detach())):
         from sparktrain.contract.env import contract_rank
 
         raise FloatingPointError(
@@ -85,8 +99,16 @@ def _step_loss(fit: Fit, batch: dict[str, Any], index: int, kept: list[Any]) -> 
         return fit.wrapped(batch, index, lightning.TRAIN)
     loss, outputs, targets = forward_loss(fit, fit.wrapped, batch)
     if fit.job.controls.metrics:
-        kept.append(([o.detach() for o in outputs], [t.detach() for t in targets]))
+        kept.append(([o.detach().cpu() for o in outputs], [t.detach().cpu() for t in targets]))
     return loss
+
+
+def _optimizer_step(fit: Fit) -> None:
+    fit.optimizer.step()
+    fit.optimizer.zero_grad(set_to_none=True)
+    fit.updates += 1
+    if fit.schedule is not None:
+        fit.schedule.after_step()
 
 
 def train_epoch(fit: Fit, epoch: int, logged: lightning.Logged) -> dict[str, float]:
@@ -98,30 +120,30 @@ def train_epoch(fit: Fit, epoch: int, logged: lightning.Logged) -> dict[str, flo
 
     job, c = fit.job, fit.job.controls
     fit.wrapped.train()
-    total = torch.tensor(fit.partial[0], device=fit.device)
-    batches, kept = fit.partial[1], list[Any]()
-    limit, known = train_batches(job), job.epochs * train_batches(job)
-    for index, batch in enumerate(job.data, start=batches):
-        if index >= limit:
+    carried_sum, carried_count, before = fit.partial  # before a resume (the sums: rank 0's)
+    total, count, pending, kept = torch.zeros((), device=fit.device), 0, False, list[Any]()
+    known = job.epochs * train_batches(job)
+    for index, batch in enumerate(job.data, start=before):
+        if c.train_steps and index >= c.train_steps:
             break
         logged.batch_rows = len(next(iter(batch.values())))
         loss = _step_loss(fit, batch, index, kept)
-        if loss is None:
-            continue
-        _check_finite(fit, loss.detach(), epoch, index)
+        _check_loss(fit, loss, epoch, index)
         strategies.backward(loss / c.accumulate, fit.optimizer)
-        fit.steps, batches, total = fit.steps + 1, batches + 1, total + loss.detach()
-        if batches % c.accumulate == 0 or batches == limit:
-            fit.optimizer.step()
-            fit.optimizer.zero_grad(set_to_none=True)
-            if fit.schedule is not None:
-                fit.schedule.after_step()
-            if c.checkpoint_every and fit.steps % c.checkpoint_every == 0:  # nothing accumulated
-                fitstate.save(fit, (float(total), batches), in_epoch=True)
+        fit.steps, count, total, pending = fit.steps + 1, count + 1, total + loss.detach(), True
+        if (before + count) % c.accumulate == 0:
+            _optimizer_step(fit)
+            pending = False
+            if c.checkpoint_every and fit.updates % c.checkpoint_every == 0:
+                sums = (carried_sum + float(total), carried_count + count)
+                fitstate.save(fit, (*sums, before + count), in_epoch=True)
         report(step=fit.steps, total=known)
-    fit.partial = (0.0, 0)
-    print(f"epoch {epoch} loss {float(total) / max(batches, 1):.4f} ({batches} batches)")
-    return {"loss": mean_over_ranks(total, batches), **epoch_metrics(fit, kept, "")}
+    if pending:  # the epoch's last batches, fewer than backwardPassesPerStep
+        _optimizer_step(fit)
+    fit.partial = (0.0, 0, 0)
+    print(f"epoch {epoch} loss {float(total) / max(count, 1):.4f} ({before + count} batches)")
+    mean = mean_over_ranks(total + carried_sum, count + carried_count)
+    return {"loss": mean, **epoch_metrics(fit, kept, "")}
 
 
 def mean_over_ranks(total: Any, batches: int) -> float:

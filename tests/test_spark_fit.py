@@ -226,7 +226,8 @@ def test_a_checkpoint_every_n_steps_resumes_inside_the_epoch(
     resumed = re.search(r"\[rank 0\] resumed from checkpoint step (\d+): epoch (\d)", out)
     assert resumed, out[-3000:]
     step, epoch = int(resumed.group(1)), int(resumed.group(2))
-    assert step in (8, 12, 16) and epoch == step // 10  # inside an epoch (the reader reads ahead)
+    assert step % 4 == 0 and step % 10 and step < 17  # inside an epoch: the reader reads ahead
+    assert epoch == step // 10
     after = out.rsplit("resumed from checkpoint", 1)[1]
     assert after.count("] epoch 1 loss") == 2 and "(10 batches)" in after  # the epoch's batches
 

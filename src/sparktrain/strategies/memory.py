@@ -25,7 +25,7 @@ def local_bytes(tensor: Any) -> int:
     return int(local.numel() * local.element_size())
 
 
-def _torch_optimizer(optimizer: Any) -> Any:
+def torch_optimizer(optimizer: Any) -> Any:
     """The innermost ``.optimizer`` (sparktrain's wrapper -> DeepSpeed's -> torch's)."""
     while getattr(optimizer, "optimizer", None) is not None:
         optimizer = optimizer.optimizer
@@ -38,7 +38,7 @@ def held_bytes(model: Any, optimizer: Any) -> dict[str, int]:
 
     params = sum(local_bytes(p) for p in model.parameters())
     states = 0
-    for state in _torch_optimizer(optimizer).state.values():
+    for state in torch_optimizer(optimizer).state.values():
         for value in state.values():
             if isinstance(value, torch.Tensor) and value.dim() > 0:
                 states += local_bytes(value)

@@ -132,7 +132,7 @@ def make_schedule(
     if spec is None:
         return None
     if callable(spec):
-        return _wrap(spec(optimizer))
+        return wrap_scheduler(spec(optimizer))
     steps = max(total_steps, 1)
     if spec == "cosine":
         return Schedule(lr.CosineAnnealingLR(optimizer, T_max=steps), "step")
@@ -150,7 +150,7 @@ def make_schedule(
     )
 
 
-def _wrap(made: Any) -> Schedule | None:
+def wrap_scheduler(made: Any) -> Schedule | None:
     """A scheduler a function (or ``configure_optimizers``) returned, as a :class:`Schedule`."""
     from torch.optim import lr_scheduler as lr
 

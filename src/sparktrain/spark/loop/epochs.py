@@ -12,6 +12,7 @@ A fit started again (``max_restarts``, an elastic resize, a new ``fit`` with the
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 from sparktrain.spark import tasks
@@ -23,6 +24,7 @@ from sparktrain.spark.training import FitJob, float_dtype
 
 def _prepare(job: FitJob, model: Any, device: Any) -> Fit:
     from sparktrain import strategies
+    from sparktrain.strategies.memory import torch_optimizer  # LR schedulers take torch's
 
     c = job.controls
     is_lightning = lightning.is_lightning(model)
@@ -33,7 +35,7 @@ def _prepare(job: FitJob, model: Any, device: Any) -> Fit:
     if is_lightning:
         optimizer, made = lightning.optimizers(model)
         optimizer = strategies.prepare_optimizer(optimizer, wrapped)
-        schedule = controls._wrap(made)
+        schedule = controls.wrap_scheduler(made)
     else:
         optimizer = tasks.make_optimizer(job.optimizer, wrapped.parameters(), job.learning_rate)
         optimizer = strategies.prepare_optimizer(optimizer, wrapped)
@@ -42,20 +44,13 @@ def _prepare(job: FitJob, model: Any, device: Any) -> Fit:
     mode = controls.mode_of(metric, c.mode)
     if schedule is None:
         schedule = controls.make_schedule(
-            c.schedule, _torch_optimizer(optimizer), total_steps=job.epochs *
+            c.schedule, torch_optimizer(optimizer), total_steps=job.epochs *
             steps.optimizer_steps(job), epochs=job.epochs, mode=mode,
         )  # fmt: skip
     stopper = None
     if c.patience > 0:
         stopper = controls.EarlyStopping(metric, mode, c.patience, c.min_delta)
     return Fit(job, wrapped, optimizer, device, schedule, stopper, is_lightning)
-
-
-def _torch_optimizer(optimizer: Any) -> Any:
-    """The torch optimizer inside a strategy's wrapper (LR schedulers take only those)."""
-    from sparktrain.strategies.memory import _torch_optimizer as inner
-
-    return inner(optimizer)
 
 
 def _validate(fit: Fit, logged: lightning.Logged) -> dict[str, float]:
@@ -90,10 +85,11 @@ def _validate(fit: Fit, logged: lightning.Logged) -> dict[str, float]:
                 mass = _mass(batch, c.weight)
                 sums += torch.tensor([float(loss) * mass, mass], dtype=torch.float64)
                 if c.metrics:
-                    kept.append(([o.detach() for o in outputs], [t.detach() for t in targets]))
+                    kept.append(([o.cpu() for o in outputs], [t.cpu() for t in targets]))
     if fit.lightning:
         return {}
     if dist.is_initialized():
+        sums = sums.to(fit.device)  # NCCL reduces only tensors on the rank's GPU
         dist.all_reduce(sums)
     rows = float(sums[1])
     record = {"val_loss": float(sums[0] / rows) if rows > 0 else float("nan")}
@@ -163,7 +159,7 @@ def train(job: FitJob, model: Any, device: Any) -> tuple[Any, list[dict[str, flo
     while fit.epoch < job.epochs and not fit.stopped:
         epoch, logged = fit.epoch, lightning.Logged()
         job.data.set_epoch(epoch)
-        with lightning.logging_into(model, logged) if fit.lightning else _nothing():
+        with lightning.logging_into(model, logged) if fit.lightning else nullcontext():
             record = steps.train_epoch(fit, epoch, logged)
             if job.controls.val_data is not None:
                 record.update(_validate(fit, logged))
@@ -176,9 +172,3 @@ def train(job: FitJob, model: Any, device: Any) -> tuple[Any, list[dict[str, flo
         print(f"restored the weights of epoch {stopper.best_epoch} "
               f"({stopper.metric} {stopper.best:.4f})")  # fmt: skip
     return fit.wrapped, fit.history
-
-
-def _nothing() -> Any:
-    import contextlib
-
-    return contextlib.nullcontext()

@@ -47,8 +47,15 @@ def write_rows(folder: Path, rows: int = ROWS) -> str:
     return str(folder)
 
 
-def elastic_train(data_dir: str, ckpt_dir: str, log_dir: str, step_seconds: float) -> dict:
-    """One epoch of DDP on the ids; checkpoints hold the model, optimizer and data state."""
+def elastic_train(
+    data_dir: str, ckpt_dir: str, log_dir: str, step_seconds: float, hold_from: int | None = None
+) -> dict:
+    """One epoch of DDP on the ids; checkpoints hold the model, optimizer and data state.
+
+    ``hold_from``: on one rank, from that step on, each checkpoint waits (up to 240 s) until the
+    driver has asked the run to grow back, so that the epoch cannot end before a returning node
+    has started, however slow the machine (the checkpoint then brings the run back to full size).
+    """
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -92,6 +99,8 @@ def elastic_train(data_dir: str, ckpt_dir: str, log_dir: str, step_seconds: floa
             sparktrain.report(step=step, world=world)
             time.sleep(step_seconds)
             if step % EVERY == 0:
+                if hold_from is not None and world == 1 and step >= hold_from:
+                    _wait_for_growth(240)
                 state = {
                     "model": net.state_dict(),
                     "optimizer": optimizer.state_dict(),
@@ -100,6 +109,15 @@ def elastic_train(data_dir: str, ckpt_dir: str, log_dir: str, step_seconds: floa
                 checkpoint.save(state, ckpt_dir, step=step)
     dist.destroy_process_group()
     return {"world": world, "accumulate": accumulate, "rescaled": seen, "step": step}
+
+
+def _wait_for_growth(limit: float) -> None:
+    """Wait until the driver's grow file exists (it asks the run to grow back), or ``limit``."""
+    from sparktrain.contract.env import grow_file
+
+    marker, deadline = grow_file(), time.monotonic() + limit
+    while marker is not None and not os.path.exists(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 def data_and_logs(tmp_path: Path) -> tuple[str, Path]:
@@ -143,7 +161,7 @@ def test_a_lost_node_shrinks_the_run_and_a_returned_one_grows_it(
 
     result = launch(
         elastic_train,
-        (data_dir, str(tmp_path / "ckpt"), str(logs), 0.15),
+        (data_dir, str(tmp_path / "ckpt"), str(logs), 0.15, 20),  # growth comes by step 20
         num_processes=2,
         backend=cluster,
         min_processes=1,
@@ -217,7 +235,7 @@ def test_an_elastic_run_starts_on_what_is_there_and_grows(
             added.append(cluster.add_node())
 
     result = launch(
-        elastic_train, (data_dir, str(tmp_path / "ckpt"), str(logs), 0.15), num_processes=2,
+        elastic_train, (data_dir, str(tmp_path / "ckpt"), str(logs), 0.15, 5), num_processes=2,
         backend=cluster, min_processes=1, on_report=on_report, progress=False,
     )  # fmt: skip
     assert added == [1]

@@ -84,7 +84,7 @@ def test_a_lost_ray_node_shrinks_the_run_and_a_joining_one_grows_it(
 
     result = launch(
         elastic_train,
-        (data_dir, str(tmp_path / "ckpt"), str(logs), 0.15),
+        (data_dir, str(tmp_path / "ckpt"), str(logs), 0.15, 25),  # growth comes by step 25
         num_processes=2,
         backend="ray",
         min_processes=1,
@@ -127,7 +127,7 @@ def test_an_elastic_run_starts_on_the_ray_node_that_is_there_and_grows(
             cluster.add_node(num_cpus=1)
 
     result = launch(
-        elastic_train, (data_dir, str(tmp_path / "ckpt"), str(logs), 0.15), num_processes=2,
+        elastic_train, (data_dir, str(tmp_path / "ckpt"), str(logs), 0.15, 5), num_processes=2,
         backend="ray", min_processes=1, on_report=on_report, progress=False,
     )  # fmt: skip
     assert added == ["added"]

@@ -6,8 +6,10 @@ JSON. It starts the master and two workers (each worker in a process group of it
 SIGKILL of the group takes the worker, its executor and the executor's Python workers, as when a
 machine is preempted), then through ``TorchDistributor(..., min_processes=...)``:
 
-1. trains with checkpoints; mid-epoch the worker of one executor is killed; the run finishes on
-   one executor; a new worker is started, and the next checkpoint brings the run back to two;
+1. trains with checkpoints; mid-epoch the worker of one executor is killed; the run goes on on
+   one executor; a new worker is started, and the next checkpoint once the driver has seen it
+   brings the run back to two (the lone rank's checkpoints wait for that, so that a slow
+   machine cannot end the epoch first);
 2. runs a rank that raises ``ValueError``: not retried elastically;
 3. asks for ``min_processes=2`` and loses a worker: a ``CapacityError``, not a wait;
 4. with one worker of two up, starts on one executor and grows to two when a worker comes.
@@ -118,7 +120,7 @@ try:
 
     value = TorchDistributor(2, local_mode=False, use_gpu=False, min_processes=1,
                              on_report=on_report, progress=False).run(
-        t.elastic_train, data_dir, str(work / "ckpt"), str(logs), 0.3)
+        t.elastic_train, data_dir, str(work / "ckpt"), str(logs), 0.3, 15)
     starts = sorted(logs.glob("attempt*-start.txt"))
     out["train"] = {
         "value": value, "events": events,
@@ -164,7 +166,7 @@ try:
 
     value = TorchDistributor(2, local_mode=False, use_gpu=False, min_processes=1,
                              on_report=grow_at_3, progress=False).run(
-        t.elastic_train, data_dir, str(work / "ckpt-short"), str(short), 0.5)
+        t.elastic_train, data_dir, str(work / "ckpt-short"), str(short), 0.5, 5)
     starts = sorted(short.glob("attempt*-start.txt"), key=lambda p: int(p.name[7:-10]))
     out["short"] = {"value": value, "grown": grown, "starts": [p.read_text() for p in starts],
                     "ids": sorted(t.committed_ids(short))}

@@ -45,7 +45,7 @@ ROLES: dict[str, tuple[str, ...]] = {
     "plan": ("launchplan/",),
     "contract": ("contract/",),
     "planner": ("planner/",),
-    "ground": ("errors.py", "procfs.py", "buildlock.py", "_version.py", "py.typed"),
+    "ground": ("errors.py", "procfs.py", "proctree.py", "buildlock.py", "_version.py", "py.typed"),
 }  # fmt: skip
 
 #: role -> the roles it may not import.

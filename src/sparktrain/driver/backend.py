@@ -178,6 +178,9 @@ class Backend(ABC):
         """
         return plan.world_size
 
+    def close(self) -> None:  # noqa: B027 - optional: most backends hold nothing of their own
+        """Release what the backend itself started (a local Ray); ``launch`` calls it at its end."""
+
 
 def _local(*, topology: Topology | None, ray_address: str | None, front: FrontDoor) -> Backend:
     from sparktrain.driver.local import LocalBackend

@@ -224,7 +224,24 @@ def prepare(
         ConfigError: Bad input; the message names the value and the fix.
     """
     chosen = make_backend(backend, topology=topology, ray_address=ray_address, front=front)
-    options = options or RunOptions()
+    try:
+        options = options or RunOptions()
+        return _lay_out(chosen, num_processes, use_gpu, options, room_at_run=room_at_run, name=name)
+    except BaseException:
+        if chosen is not backend:  # made here: what it started is ours to stop
+            chosen.close()
+        raise
+
+
+def _lay_out(
+    chosen: Backend,
+    num_processes: object,
+    use_gpu: object,
+    options: RunOptions,
+    *,
+    room_at_run: bool,
+    name: str,
+) -> PreparedLaunch:
     if options.in_place and not chosen.in_place:
         raise ConfigError(
             f"in_place=True: the {chosen.name!r} backend cannot keep an elastic run's survivors "
@@ -299,4 +316,8 @@ def launch(
         topology=topology,
         options=run_options(options, **option_args),
     )
-    return prepared.run_entry(entry, dataframe)
+    try:
+        return prepared.run_entry(entry, dataframe)
+    finally:
+        if prepared.backend is not backend:  # made for this launch (a caller's is theirs)
+            prepared.backend.close()

@@ -2,8 +2,10 @@
 
 Which Ray: the one this process already initialised (``ray.is_initialized()``), else
 ``ray.init(address=ray_address)``; ``None`` means ``RAY_ADDRESS`` when set, else a local Ray
-started for this process. That Ray stays up for the next launch (starting one takes seconds) and
-Ray's own exit hook shuts it down when the interpreter exits; ``ray.shutdown()`` stops it sooner.
+started for this process. A Ray that sparktrain started is stopped when ``launch`` returns, and
+a keeper process (:mod:`sparktrain.ray.keeper`) ends it if the caller is killed first. A warm Ray
+across launches is asked for explicitly: :func:`sparktrain.ray.start_local` starts one that
+stays up until the caller exits (with the same keeper); a Ray the user started is never stopped.
 
 Layout: ranks go on as few nodes as hold them (intra-node traffic is cheaper), the same number on
 each node: one CPU (or one GPU) per rank, and on CPU each rank's share of the node's CPUs. One
@@ -37,6 +39,7 @@ from sparktrain.driver.remote import RemoteNodes
 from sparktrain.errors import ClusterConfigError, ConfigError
 from sparktrain.launchplan.layout import ClusterFacts, LaunchPlan, make_cluster_plan
 from sparktrain.node.ray_actor import NodeActor
+from sparktrain.ray import keeper
 
 #: How long the placement group may wait for its resources before the launch gives up.
 PLACEMENT_SECONDS = 60.0
@@ -57,12 +60,20 @@ def import_ray() -> Any:
     return ray
 
 
-def connect(address: str | None = None) -> Any:
-    """The Ray this process uses: the initialised one, else ``ray.init(address=address)``."""
+def connect(address: str | None = None) -> tuple[Any, bool]:
+    """The Ray this process uses: the initialised one, else ``ray.init(address=address)``.
+
+    Returns:
+        The ``ray`` module, and whether this call started a local Ray (kept by a keeper).
+    """
     ray = import_ray()
-    if not ray.is_initialized():
-        ray.init(address=address, log_to_driver=True)
-    return ray
+    if ray.is_initialized():
+        return ray, False
+    ray.init(address=address, log_to_driver=True)
+    session = keeper.session_dir(ray)
+    if session is not None:
+        keeper.watch(session)
+    return ray, session is not None
 
 
 @dataclass(frozen=True)
@@ -141,7 +152,7 @@ class RayBackend(Backend):
 
     def __init__(self, *, address: str | None = None) -> None:
         """Join the Ray this process uses, else ``ray.init(address=address)``."""
-        self.ray = connect(address)
+        self.ray, self.started = connect(address)
         self._lock = threading.Lock()
         #: The resources each running attempt's placement group holds (for :meth:`capacity`).
         self._held: dict[int, dict[str, float]] = {}
@@ -200,6 +211,12 @@ class RayBackend(Backend):
     def start(self, attempt: Attempt) -> Nodes:
         """Place the actors, then start every node's ranks."""
         return RayNodes(self.ray, attempt, self)
+
+    def close(self) -> None:
+        """Stop the local Ray this backend started, if it did (a joined Ray is left alone)."""
+        if self.started and self.ray.is_initialized():
+            self.ray.shutdown()
+        self.started = False
 
 
 class RayNodes(RemoteNodes):

@@ -38,7 +38,7 @@ import sys
 import time
 from typing import Any
 
-from sparktrain import procfs
+from sparktrain import procfs, proctree
 from sparktrain.rank.worker import RankFds
 
 #: Imported before the server says it is ready: every rank needs them.
@@ -248,6 +248,7 @@ class _Server:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``python -m sparktrain.node.forkserver FD``."""
     args = sys.argv[1:] if argv is None else argv
+    proctree.join()  # before any fork: every process of the run is then in the tree's cgroup
     sock = socket.socket(fileno=int(args[0]))
     become: _BecomeRank | None = None
     try:

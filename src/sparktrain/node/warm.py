@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from sparktrain import proctree
 from sparktrain.errors import ClusterError
 from sparktrain.node.forkserver import MAX_MESSAGE
 
@@ -44,8 +45,10 @@ class ForkServer:
     def __init__(self, environ: Mapping[str, str]) -> None:
         """Start a fork server with ``environ`` (it imports torch before it serves)."""
         self.environ = dict(environ)
+        proctree.sweep_stale()  # what an earlier caller killed with its fork server left
+        self.tree = proctree.Tree()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        env = dict(environ)
+        env = self.tree.environ(dict(environ))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
         try:
             self.process = subprocess.Popen(
@@ -83,6 +86,7 @@ class ForkServer:
             reason = ""
         if not data:
             self.broken = True
+            self.tree.kill()  # what its ranks started, reparented to init when it died
             code = self.process.poll()
             raise ForkServerError(
                 f"sparktrain's fork server (pid {self.process.pid}) exited unexpectedly "
@@ -112,6 +116,7 @@ class ForkServer:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        self.tree.close()
 
 
 _lock = threading.Lock()

@@ -34,7 +34,7 @@ from typing import Any
 
 import cloudpickle
 
-from sparktrain import procfs
+from sparktrain import procfs, proctree
 from sparktrain.contract.paths import error_path, payload_path, result_path, stack_path, wait_path
 from sparktrain.horovod import alias
 from sparktrain.launchplan.entrypoint import ScriptEntry
@@ -113,8 +113,11 @@ def caller_alive(server: int, caller: int) -> bool:
 
 def _become_caller(req: RankRequest) -> None:
     os.chdir(req.cwd)
+    marks = os.environ.get(proctree.TREE_VAR)  # the fork server's, for what the rank starts
     os.environ.clear()
     os.environ.update(req.env)
+    if marks:
+        os.environ[proctree.TREE_VAR] = marks
     sys.path[:] = req.sys_path
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)

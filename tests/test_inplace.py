@@ -485,3 +485,40 @@ def test_sigterm_to_a_rank_of_local_processes_is_a_notice(tmp_path: Path) -> Non
     assert values[2]["world"] == 3 and values[0]["world"] == values[1]["world"] == 2
     assert values[0]["weights"] == values[1]["weights"]
     assert logged_rows(tmp_path / "logs") == list(range(ROWS))
+
+
+def _listening_on(port: int) -> set[str]:
+    """The local addresses (hex, as ``/proc/net/tcp`` writes them) listening on ``port``."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as lines:
+            for line in lines.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                address, _, hex_port = local.rpartition(":")
+                if state == "0A" and int(hex_port, 16) == port:
+                    found.add(address)
+    return found
+
+
+def test_the_drivers_store_is_closed_to_strangers() -> None:
+    """Loopback only for a run on this machine, and every key under a secret prefix."""
+    import torch.distributed as dist
+
+    from sparktrain.contract.env import IN_PLACE_STORE, in_place_store
+    from sparktrain.contract.inplace import host_store, latest, members
+
+    store, address = host_store(2)
+    os.environ[IN_PLACE_STORE] = address
+    try:
+        host, port, secret = in_place_store()  # type: ignore[misc]
+    finally:
+        del os.environ[IN_PLACE_STORE]
+    assert (host, len(secret)) == ("127.0.0.1", 32)
+    assert _listening_on(port) == {"0100007F"}  # 127.0.0.1, not 0.0.0.0
+    timeout = timedelta(seconds=10)
+    stranger = dist.TCPStore(host, port, is_master=False, timeout=timeout)
+    assert not stranger.check([members(0)])
+    stranger.set(members(1), "[0]")  # a forged generation goes nowhere
+    assert latest(store, 0) == 0
+    friend = dist.PrefixStore(secret, dist.TCPStore(host, port, is_master=False, timeout=timeout))
+    assert json.loads(friend.get(members(0))) == [0, 1]

@@ -68,7 +68,10 @@ def in_place(model: Any, optimizer: Any, make_data: Callable[[int, int], Any]) -
     me = env.contract_rank()
     hosted = env.in_place_store()  # the driver's, which outlives every rank
     if hosted is not None:
-        store = client_store(*hosted, 600)
+        import torch.distributed as dist
+
+        host, port, secret = hosted
+        store = dist.PrefixStore(secret, client_store(host, port, 600))  # type: ignore[attr-defined]
     else:
         store = contract_store()
         if me == 0:

@@ -170,13 +170,18 @@ def in_place_joining() -> bool:
     return os.environ.get(IN_PLACE_JOIN) == "1"
 
 
-def in_place_store() -> tuple[str, int] | None:
-    """Inside a rank of an in-place run: the driver's store (``host``, ``port``), or ``None``."""
+def in_place_store() -> tuple[str, int, str] | None:
+    """Inside a rank of an in-place run: the driver's store, or ``None``.
+
+    Returns:
+        Its ``host`` and ``port``, and the secret prefix of every key the run uses.
+    """
     raw = os.environ.get(IN_PLACE_STORE)
     if not raw:
         return None
-    host, _, port = raw.rpartition(":")
-    return host, int(port)
+    secret, _, address = raw.rpartition("@")
+    host, _, port = address.rpartition(":")
+    return host, int(port), secret
 
 
 def contract_rank() -> int:

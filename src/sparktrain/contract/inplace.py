@@ -61,13 +61,35 @@ def request(store: Any, number: int) -> dict[str, list[int]]:
 
 
 def host_store(world_size: int, host: str = "127.0.0.1") -> tuple[Any, str]:
-    """A store on ``host`` at a free port naming generation 0; the store and its address."""
+    """A store naming generation 0, listening on ``host`` only, at a free port.
+
+    torch's ``TCPStore`` has no authentication of its own and, left to itself, listens on every
+    interface. Here it listens on ``host`` alone (loopback for a run on this machine), and every
+    key lives under a fresh secret prefix (128 bits): a stranger who connects can neither read
+    nor set a key the run uses.
+
+    Returns:
+        The store (keys under the prefix), and what the ranks get to reach it:
+        ``<secret>@<host>:<port>`` (read back by :func:`sparktrain.contract.env.in_place_store`).
+    """
+    import secrets
+    import socket
     from datetime import timedelta
 
     import torch.distributed as dist
 
-    store = dist.TCPStore(  # type: ignore[attr-defined]
-        host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60)
+    family = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0][0]
+    listener = socket.create_server((host, 0), family=family, backlog=1024)
+    port = listener.getsockname()[1]
+    server = dist.TCPStore(  # type: ignore[attr-defined]
+        host,
+        port,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=60),
+        master_listen_fd=listener.detach(),
     )
+    secret = secrets.token_hex(16)
+    store = dist.PrefixStore(secret, server)  # type: ignore[attr-defined]
     store.set(members(0), json.dumps(list(range(world_size))))
-    return store, f"{host}:{store.port}"
+    return store, f"{secret}@{host}:{port}"

@@ -16,8 +16,14 @@ settled here:
   worker node as ``RAY_AUTH_TOKEN`` through the start hook (never on a command line). A client
   without the token is refused. ``auth="disabled"`` (or ``RAY_AUTH_MODE=disabled`` set by the
   caller) turns it off for the whole cluster, with one warning. The token and its file are gone
-  after :meth:`RayOnSpark.shutdown`. Not covered by Ray's token: Ray on Spark's own job server on
-  the driver (it asks Spark for worker nodes), so the network must still be private.
+  after :meth:`RayOnSpark.shutdown`.
+- **Ray on Spark's job server.** Ray's autoscaler starts and ends worker nodes through a plain-HTTP
+  server in the driver, which Ray binds to the driver's address and opens to anyone. Here
+  (:mod:`sparktrain.ray.job_server`) it listens on ``127.0.0.1`` when Spark's master is
+  ``local``, ``local[...]`` or ``local-cluster[...]`` (else on the driver's address, which
+  executors on other machines must reach), and it refuses (401) every request without a second
+  per-cluster token, which its three clients (the autoscaler, the Spark tasks that start worker
+  nodes, this process) send; with ``auth="disabled"`` too. That token's file goes at shutdown.
 - Its shutdown leaves helper processes (the nodes' dashboard and runtime-env agents, reparented
   to init, some of which ignore SIGTERM): :meth:`RayOnSpark.shutdown` lists every process of the
   cluster on this machine (by its temporary directory and address, and their descendants)
@@ -38,10 +44,13 @@ import shutil
 import sys
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from sparktrain.errors import ConfigError
 from sparktrain.ray import procs
+
+if TYPE_CHECKING:
+    from sparktrain.ray.job_server import JobServerGuard
 
 log = logging.getLogger("sparktrain")
 
@@ -67,6 +76,7 @@ class RayOnSpark:
     _temp_dir: str | None = field(repr=False)  # the head node's, to find its processes
     _saved: dict[str, str | None] = field(repr=False)  # the variables to restore at shutdown
     token_path: str | None = None
+    _job_server: JobServerGuard | None = field(default=None, repr=False)
     _closed: bool = field(default=False, init=False, repr=False)
 
     def processes(self) -> set[procs.Proc]:
@@ -91,6 +101,8 @@ class RayOnSpark:
             ray.shutdown()
         with contextlib.suppress(RuntimeError):  # already shut down
             shutdown_ray_cluster()
+        if self._job_server is not None:
+            self._job_server.close()
         left = procs.end(found | self.processes(), grace=EXIT_GRACE)
         _restore(self._saved)
         _forget_token(self.token_path)
@@ -203,6 +215,16 @@ def _set_environment(extra: dict[str, str], workers: dict[str, str]) -> dict[str
     return saved
 
 
+def _master() -> str:
+    """The active SparkSession's master (``""`` when it has none to tell, as on Spark Connect)."""
+    from sparktrain.driver.spark import active_session
+
+    try:
+        return str(active_session().sparkContext.master)
+    except Exception:  # Ray on Spark itself fails on such a session, with its own message
+        return ""
+
+
 def setup_on_spark(
     *,
     max_worker_nodes: int | None = None,
@@ -224,7 +246,11 @@ def setup_on_spark(
             unless this has ``include_dashboard=True``.
         auth: ``"token"``: Ray's token authentication with a fresh per-cluster token;
             ``"disabled"``: none. ``None``: token, unless the caller set
-            ``RAY_AUTH_MODE=disabled``.
+            ``RAY_AUTH_MODE=disabled``. Ray on Spark's job server requires its own token
+            either way; with ``"disabled"``, Ray's own ports (the head node's GCS, the Ray
+            Client server, the dashboard if asked for, the nodes' raylets) stay open to whoever
+            reaches them, and through them anything this user may do, that token's file
+            included.
         **options: Passed to ``ray.util.spark.setup_ray_cluster`` as they are.
 
     Returns:
@@ -249,11 +275,14 @@ def setup_on_spark(
             "setup_on_spark(), or launch on that cluster instead."
         )
     from sparktrain.ray import hook
+    from sparktrain.ray.job_server import JobServerGuard, single_host
 
     extra, workers, token_path = _environment(_auth_mode(auth))
     saved = _set_environment(extra, workers)
     head = {"include_dashboard": False, **(head_node_options or {})}
+    guard = None
     try:
+        guard = JobServerGuard.install(loopback=single_host(_master()))
         address, client = setup_ray_cluster(
             max_worker_nodes=MAX_NUM_WORKER_NODES if max_worker_nodes is None else max_worker_nodes,
             num_cpus_worker_node=num_cpus_worker_node,
@@ -262,16 +291,21 @@ def setup_on_spark(
             **options,
         )
     except BaseException:
+        if guard is not None:
+            guard.close()
         _restore(saved)
         _forget_token(token_path)
         raise
     finally:
+        if guard is not None:
+            guard.end_setup()
         hook.EXTRA_ENV.clear()  # the token lives on only in the cluster's processes
         _restore({_HOOK_VARIABLE: saved.get(_HOOK_VARIABLE)})
     from ray.util.spark import cluster_init
 
     active = getattr(cluster_init, "_active_ray_cluster", None)
-    cluster = RayOnSpark(address, client, getattr(active, "temp_dir", None), saved, token_path)
+    temp_dir = getattr(active, "temp_dir", None)
+    cluster = RayOnSpark(address, client, temp_dir, saved, token_path, guard)
     try:
         ray.init(address=address, log_to_driver=True)
     except BaseException:

@@ -58,6 +58,9 @@ class ForkServer:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # Ctrl-C in a terminal reaches the caller, not the server
             )
+        except BaseException:
+            self.tree.close()
+            raise
         finally:
             theirs.close()
         self.sock = ours

@@ -152,3 +152,23 @@ def test_injected_frame_is_refused() -> None:
         client.close()
     finally:
         server.close()
+
+
+def test_a_channel_that_breaks_before_a_stop_is_a_lost_node_and_a_stop_is_not() -> None:
+    for stop_first in (True, False):
+        server = ChannelServer("127.0.0.1", b"b" * 32)
+        try:
+            client = ChannelClient(server.address, b"b" * 32)
+            client.send({"kind": "hello", "node": 0, "host": "h0", "ranks": [0]})
+            assert server.messages.get(timeout=5)["kind"] == "hello"  # the server holds it
+            if stop_first:
+                server.broadcast({"op": "stop"})
+                assert client.receive() == "stop"
+        finally:
+            server.close()  # drops every connection
+        assert client.receive() == "stop"
+        if stop_first:
+            assert client.lost is None  # the driver said stop: the node stops, it is not lost
+        else:
+            assert client.lost is not None and "channel to the driver broke" in client.lost
+        client.close()

@@ -253,3 +253,60 @@ def test_a_lost_fork_server_is_a_cluster_error_and_is_restarted() -> None:
         kill_the_fork_server_once, num_processes=2, use_gpu=False, timeout=60, max_restarts=1
     )
     assert (result.value, result.attempts) == (1, 2)
+
+
+def _steps_with_a_pid_file(folder: str) -> int:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    Path(folder, f"pid-{dist.get_rank()}").write_text(str(os.getpid()))
+    for _ in range(100):
+        dist.all_reduce(torch.ones(1))
+        time.sleep(0.1)
+    return dist.get_world_size()
+
+
+def _drop_node_channel(folder: Path, driver: int) -> str:
+    """``ss -K`` the TCP connection from rank 1's node process to the driver's channel."""
+    deadline = time.monotonic() + 60
+    while not (folder / "pid-1").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    server = sparktrain.procfs.parent_of(int((folder / "pid-1").read_text()))
+    node = sparktrain.procfs.parent_of(server or 0)
+
+    def sockets(pid: int | None, *state: str) -> list[list[str]]:
+        command = ["ss", "-tnpH", *state]
+        listed = subprocess.run(command, check=False, capture_output=True, text=True).stdout
+        return [line.split() for line in listed.splitlines() if f"pid={pid}," in line]
+
+    ours = {row[3].rsplit(":", 1)[1] for row in sockets(driver, "-l")}
+    for row in sockets(node, "state", "established"):
+        mine, peer = row[2].rsplit(":", 1)[1], row[3].rsplit(":", 1)[1]
+        if peer in ours:
+            which = f"( sport = :{mine} and dport = :{peer} )"
+            done = subprocess.run(["ss", "-K", "state", "established", which], check=False)
+            return "dropped" if done.returncode == 0 else "ss -K failed"
+    return "no channel found"
+
+
+def test_a_dropped_node_channel_is_a_lost_node_not_a_success(tmp_path: Path) -> None:
+    """Found by benchmarks/chaos.py: the run returned no values and raised nothing."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if subprocess.run(["ss", "-V"], capture_output=True, check=False).returncode != 0:
+        pytest.skip("needs iproute2's ss (ss -K) to drop a connection")
+    with ThreadPoolExecutor(1) as pool:
+        dropped = pool.submit(_drop_node_channel, tmp_path, os.getpid())
+        try:
+            launch(
+                _steps_with_a_pid_file, (str(tmp_path),), num_processes=2, timeout=120,
+                backend=sparktrain.LocalCluster(nodes=2),
+            )  # fmt: skip
+        except sparktrain.ClusterError as exc:
+            raised: Exception | None = exc
+        else:
+            raised = None
+    if dropped.result() != "dropped":
+        pytest.skip(f"the connection could not be dropped here: {dropped.result()}")
+    assert raised is not None, "the run passed for one that ended well"
+    assert "node 1 on node1: its channel to the driver broke" in str(raised)

@@ -267,6 +267,10 @@ class ChannelClient:
         self._framed = _Framed(self._sock, secret, sends=b"c2s", receives=b"s2c")
         self.broken = False
         self.closed = False
+        #: Why the channel broke before the driver said stop (the node then stops its ranks on
+        #: its own: a lost node, not a stop), or ``None``.
+        self.lost: str | None = None
+        self._told_stop = False
         #: Called when the driver says the run is to grow back at its next checkpoint.
         self.on_grow: Callable[[], None] | None = None
         self.silence = silence
@@ -289,8 +293,8 @@ class ChannelClient:
             return
         try:
             self._framed.send(message)
-        except OSError:
-            self.broken = True
+        except OSError as exc:
+            self._break(f"sending to it failed: {exc}")
 
     def fileno(self) -> int:
         """Descriptor to wait on for the driver's messages."""
@@ -306,12 +310,22 @@ class ChannelClient:
             return "stop"
         try:
             op = self._framed.receive().get("op")
-        except (ChannelError, OSError, EOFError):
+        except EOFError:
+            self._break("the driver closed it")
+            return "stop"
+        except (ChannelError, OSError) as exc:
+            self._break(str(exc) or type(exc).__name__)
             return "stop"
         self.heard = time.monotonic()
+        self._told_stop = self._told_stop or op == "stop"
         if op == "grow" and self.on_grow is not None:
             self.on_grow()
         return op if op in ("stop", "busy") else None
+
+    def _break(self, why: str) -> None:
+        if not (self.broken or self._told_stop or self.closed):
+            self.lost = f"its channel to the driver broke ({why})"
+        self.broken = True
 
     def close(self) -> None:
         """Close the connection (and stop the heartbeats)."""

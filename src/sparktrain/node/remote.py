@@ -9,6 +9,7 @@ its ranks when the driver says so or the channel breaks, and returns the node's 
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import time
 from typing import Any
@@ -110,6 +111,11 @@ def run_connected(
             if notice is not None:
                 notice.close()
         channel.send({"kind": "bye", "node": place.node})
+        if channel.lost is not None and report.stopped:
+            # It stopped its ranks because the channel broke, not because the driver said so:
+            # the driver lost this node, and the run must not pass for one that ended well.
+            why = f"node {place.node} on {place.host}: {channel.lost}; its ranks were stopped"
+            report = dataclasses.replace(report, agent_error=why[:2000])
         return report
     finally:
         channel.close()

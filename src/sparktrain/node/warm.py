@@ -93,7 +93,8 @@ class ForkServer:
             code = self.process.poll()
             raise ForkServerError(
                 f"sparktrain's fork server (pid {self.process.pid}) exited unexpectedly "
-                f"(exit code {code}) {reason}; its error, if any, is on the caller's stderr."
+                f"(exit code {code}){f' ({reason})' if reason else ''}; its error, if any, is on "
+                "the caller's stderr."
             )
         event: dict[str, Any] = pickle.loads(data)
         return event

@@ -69,6 +69,11 @@ def connect(address: str | None = None) -> tuple[Any, bool]:
     ray = import_ray()
     if ray.is_initialized():
         return ray, False
+    # With no address, Ray joins the cluster it finds named in /tmp/ray/ray_current_cluster (the
+    # last one started on the machine, dead or not); the documented choice is RAY_ADDRESS, else
+    # a Ray of this process's own.
+    if address is None and not os.environ.get("RAY_ADDRESS"):
+        address = "local"
     ray.init(address=address, log_to_driver=True)
     session = keeper.session_dir(ray)
     if session is not None:

@@ -67,8 +67,8 @@ def start_local(**init_options: Any) -> Any:
         What ``ray.init`` returned.
 
     Raises:
-        ConfigError: Ray is not installed (the message has the install hint), or a Ray is
-            already initialised in this process.
+        ConfigError: Ray is not installed (the message has the install hint), a Ray is
+            already initialised in this process, or ``address=`` named a cluster to join.
     """
     from sparktrain.driver.ray import import_ray
 
@@ -78,7 +78,8 @@ def start_local(**init_options: Any) -> Any:
             "sparktrain.ray.start_local(): Ray is already initialised in this process; "
             "launch(..., backend='ray') uses it as it is (call ray.shutdown() first to start anew)"
         )
-    context = ray.init(**init_options)
+    # "local": a Ray of its own, not the last one started on the machine (which Ray would join).
+    context = ray.init(**{"address": "local", **init_options})
     session = session_dir(ray)
     if session is None:
         ray.shutdown()

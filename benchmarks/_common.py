@@ -83,7 +83,8 @@ def _has_tag(pid: int, tag: bytes) -> bool:
         return False
 
 
-def _cmdline(pid: int) -> str:
+def cmdline(pid: int) -> str:
+    """The command line of ``pid``, spaces for NULs; ``""`` when it is gone."""
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
@@ -100,7 +101,7 @@ def tagged_processes(exclude: frozenset[int] = frozenset()) -> dict[int, str]:
         if entry.name.isdigit() and int(entry.name) not in skip:
             pid = int(entry.name)
             if _has_tag(pid, tag):
-                cmd = _cmdline(pid)
+                cmd = cmdline(pid)
                 if cmd:  # zombies have none
                     found[pid] = cmd
     return found

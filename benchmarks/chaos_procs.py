@@ -18,19 +18,11 @@ import subprocess
 import time
 from pathlib import Path
 
-from _common import tagged_processes
+from _common import cmdline, tagged_processes
 
 from sparktrain import procfs
 
 FORKSERVER = "sparktrain.node.forkserver"
-
-
-def cmdline(pid: int) -> str:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return ""
-    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
 
 
 def is_forkserver(pid: int | None) -> bool:

@@ -51,6 +51,33 @@ def test_reports_reach_on_report_in_order() -> None:
         assert last["total"] == 5 and last["metrics"] == {"loss": 0.2, "rank": rank}
 
 
+def _resumes_then_reports(folder: str) -> int:
+    import torch.distributed as dist
+
+    from sparktrain import checkpoint
+
+    dist.init_process_group("gloo")
+    checkpoint.save({"x": 1}, folder, step=1)
+    checkpoint.load_latest(folder)  # in an elastic run, tells the driver the step it resumed
+    sparktrain.report(step=2, loss=0.5)
+    dist.destroy_process_group()
+    return 0
+
+
+def test_on_report_sees_only_the_users_records_in_an_elastic_run(tmp_path: Path) -> None:
+    seen: list[tuple[int, Any, dict[str, Any]]] = []
+    launch(
+        _resumes_then_reports,
+        (str(tmp_path / "ckpt"),),
+        num_processes=2,
+        min_processes=1,
+        use_gpu=False,
+        progress=False,
+        on_report=lambda rank, record: seen.append((rank, record["step"], record["metrics"])),
+    )
+    assert sorted(seen) == [(0, 2, {"loss": 0.5}), (1, 2, {"loss": 0.5})]
+
+
 def _flood(count: int) -> int:
     for step in range(1, count + 1):
         sparktrain.report(step=step, loss=float(step))

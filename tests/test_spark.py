@@ -435,3 +435,19 @@ def test_pipeline_stages_across_two_executors(spark: object) -> None:
     result = launch(test_pipeline.train, ("ddp", options), num_processes=2, backend="spark")
     assert result.value[0] == pytest.approx(test_pipeline.reference(), rel=1e-5, abs=1e-6)
     assert [node.ranks for node in result.nodes] == [(0,), (1,)]
+
+
+def test_executors_without_sparktrain_are_told_what_to_set() -> None:
+    from sparktrain.driver.spark import summarise_job_error
+
+    text = (  # the shape of the real failure (a local master whose Python is /usr/bin/python3)
+        "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
+        '  File "pyspark/serializers.py", line 483, in loads\n'
+        "    return cloudpickle.loads(obj, encoding=encoding)\n"
+        "ModuleNotFoundError: No module named 'sparktrain'\n SQLSTATE: 38000"
+    )
+    line = summarise_job_error(RuntimeError(text))
+    assert line.startswith("a task raised ModuleNotFoundError: No module named 'sparktrain'")
+    assert f"os.environ['PYSPARK_PYTHON'] = {sys.executable!r}" in line
+    other = summarise_job_error(RuntimeError(text.replace("sparktrain", "x")))
+    assert "PYSPARK_PYTHON" not in other

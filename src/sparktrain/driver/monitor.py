@@ -68,11 +68,13 @@ class Monitor:
     def reports(self, rank: int, records: list[dict[str, Any]]) -> None:
         """Take ``rank``'s reports, in order."""
         for record in records:
+            resumed = (record.get("metrics") or {}).get(RESUMED_METRIC)
+            if resumed is not None:  # sparktrain's own record: not the user's, not a step
+                if rank == 0 and isinstance(resumed, int) and self.on_resumed is not None:
+                    self.on_resumed(resumed)
+                continue
             if rank == 0:
                 self.latest = record
-                resumed = (record.get("metrics") or {}).get(RESUMED_METRIC)
-                if isinstance(resumed, int) and self.on_resumed is not None:
-                    self.on_resumed(resumed)
             if self.on_report is not None and self.error is None:
                 try:
                     if self.on_report(rank, record):

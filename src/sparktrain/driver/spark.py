@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import re
 import socket
+import sys
 import threading
 import time
 from typing import Any, ClassVar
@@ -147,12 +148,25 @@ def summarise_job_error(exc: BaseException) -> str:
     text = str(exc)
     python = _PYTHON_ERROR.search(text)
     if python:
-        return f"a task raised {python.group(1)}:\n{python.group(0)}"[:4000]
+        return f"a task raised {python.group(1)}:\n{python.group(0)}"[:4000] + _missing_hint(text)
     for pattern in _JOB_ERRORS:
         found = re.search(pattern, text)
         if found:
             return found.group(1)[:500]
     return text.splitlines()[0][:500] if text else type(exc).__name__
+
+
+def _missing_hint(text: str) -> str:
+    """What to do when the executors' Python lacks sparktrain or torch."""
+    missing = re.search(r"No module named '(sparktrain|torch|cloudpickle)'", text)
+    if not missing:
+        return ""
+    return (
+        f"\nThe executors' Python has no {missing.group(1)}: install sparktrain and torch where "
+        "the executors run (the cluster's libraries), or, with a local master, point Spark at "
+        f"this interpreter before the SparkSession is built: os.environ['PYSPARK_PYTHON'] = "
+        f"{sys.executable!r} (or the conf spark.pyspark.python)"
+    )
 
 
 class _Job:

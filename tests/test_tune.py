@@ -64,6 +64,42 @@ def test_search_prunes_weak_trials_and_finds_a_good_one() -> None:
     assert "trial" in result.table().splitlines()[0]
 
 
+def _slow_to_stop(config: dict[str, Any]) -> float:
+    """Reports on after SIGTERM, as ranks on a slow backend do while they are being stopped."""
+    import signal
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for step in range(1, 40):
+        time.sleep(0.08)  # slower than report coalescing
+        sparktrain.report(step=step, score=config["x"] * step)
+    return config["x"] * 40
+
+
+def test_a_pruned_trial_stays_pruned_while_its_ranks_stop() -> None:
+    import optuna
+
+    class AtStep3(optuna.pruners.BasePruner):  # a rung judged once: later steps are not pruned
+        def prune(self, study: Any, trial: Any) -> bool:
+            return trial.last_step == 3
+
+    result = sparktrain.tune(
+        _slow_to_stop,
+        {"x": uniform(0.0, 1.0)},
+        num_trials=1,
+        metric="score",
+        mode="max",
+        num_processes_per_trial=2,
+        scheduler=AtStep3(),
+        stop_grace=1.0,
+        seed=0,
+    )
+    (trial,) = result.trials
+    assert (trial.state, trial.step) == ("pruned", 3), result.table()
+
+
 def test_a_failing_trial_is_recorded_and_the_search_goes_on() -> None:
     result = sparktrain.tune(
         _fit,

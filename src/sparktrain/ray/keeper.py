@@ -5,7 +5,7 @@ caller's children. On a normal exit Ray's own exit hook stops it, and Ray asks t
 its GCS and raylet when the caller dies; but the helpers those start are reparented to init, and
 nothing in Ray tests that they go. So when sparktrain starts a Ray it also starts a keeper:
 
-    python -m sparktrain.ray.keeper CALLER_PID CALLER_START_TICKS SESSION_DIR
+    python -c "from sparktrain.ray.keeper import main; main()" CALLER START_TICKS SESSION
 
 a small process in its own session (Ctrl-C at a terminal does not reach it) that polls the caller
 every :data:`POLL` seconds. Once the caller is gone it ends every process of that Ray session (by
@@ -46,8 +46,10 @@ def session_dir(ray: Any) -> str | None:
 def watch(session: str) -> subprocess.Popen[bytes]:
     """Start a keeper for the Ray session ``session``, started by this process."""
     me = os.getpid()
+    # Not ``-m``: the package imports this module, and runpy warns when it runs one so imported.
+    run = f"from {__name__} import main; main()"
     return subprocess.Popen(
-        [sys.executable, "-m", __name__, str(me), str(procfs.start_ticks(me)), session],
+        [sys.executable, "-c", run, str(me), str(procfs.start_ticks(me)), session],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         start_new_session=True,
@@ -111,7 +113,7 @@ def keep(caller: int, ticks: int, session: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of ``python -m sparktrain.ray.keeper CALLER TICKS SESSION``."""
+    """Entry point of the keeper process: ``argv`` (or ``sys.argv[1:]``) is CALLER TICKS SESSION."""
     caller, ticks, session = argv or sys.argv[1:]
     sys.exit(1 if keep(int(caller), int(ticks), session) else 0)
 

@@ -217,7 +217,9 @@ class _Search:
         def on_report(rank: int, record: dict[str, Any]) -> bool:
             value = (record.get("metrics") or {}).get(self.metric)
             if rank != 0 or not isinstance(value, (int, float)):
-                return self.aborting.is_set()
+                return self.aborting.is_set() or state.pruned
+            if state.pruned:  # reports still in flight while the ranks stop: the verdict stands
+                return True
             state.reports += 1
             step = record.get("step")
             state.step = step if isinstance(step, int) else state.reports

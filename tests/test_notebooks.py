@@ -50,6 +50,7 @@ def _execute(path: Path, workdir: Path) -> tuple[nbformat.NotebookNode, float, l
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2 * CELL_TIMEOUT)  # (a loaded machine: each takes under 2 minutes here)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_top_to_bottom(path: Path, tmp_path: Path) -> None:
     notebook, seconds, left = _execute(path, tmp_path)

@@ -165,7 +165,7 @@ def _missing_hint(text: str) -> str:
         f"\nThe executors' Python has no {missing.group(1)}: install sparktrain and torch where "
         "the executors run (the cluster's libraries), or, with a local master, point Spark at "
         f"this interpreter before the SparkSession is built: os.environ['PYSPARK_PYTHON'] = "
-        f"{sys.executable!r} (or the conf spark.pyspark.python)"
+        f"{sys.executable!r} (the conf spark.pyspark.python is not enough there)"
     )
 
 

@@ -83,15 +83,19 @@ def _active_spark() -> Any:
     return spark
 
 
-def _part_rows(spark: Any, rows: int) -> int:
-    """Rows per part: at least two parts per core of the cluster, at most ``PART_ROWS``."""
-    from sparktrain.inference.parts import PART_ROWS
+#: At most this many rows per Spark task of the files path. Each task costs Spark about 0.1 s
+#: here; with 50,000-row tasks that was 15 % of the pass (1,000,000 rows: 20 tasks 0.77x of the
+#: no-Spark limit, 4 tasks 0.91x, ``benchmarks/inference.py``, one run each).
+TASK_ROWS = 500_000
 
+
+def _part_rows(spark: Any, rows: int) -> int:
+    """Rows per part, one Spark task each: two per core of the cluster, at most ``TASK_ROWS``."""
     try:
         cores = int(spark.sparkContext.defaultParallelism)
     except Exception:  # Spark Connect has no SparkContext
         cores = int(spark.conf.get("spark.default.parallelism", "8") or 8)
-    return max(1, min(PART_ROWS, -(-rows // (2 * max(cores, 1)))))
+    return max(1, min(TASK_ROWS, -(-rows // (2 * max(cores, 1)))))
 
 
 def predict(

@@ -87,6 +87,7 @@ def test_score_writes_every_row_once(tmp_path: Path, capfd: pytest.CaptureFixtur
         rows_per_part=1000, num_processes=2,
     )  # fmt: skip
     assert (result.parts, result.rows, result.scored_parts) == (6, 6000, 6)
+    assert 0 < result.scoring_seconds < result.seconds  # the ranks' start-up is not scoring
     check_output(tmp_path / "out", data, model)
     names = sorted(os.listdir(tmp_path / "out"))
     assert names == ["_SUCCESS", "_sparktrain_scoring.json"] + [
@@ -96,6 +97,7 @@ def test_score_writes_every_row_once(tmp_path: Path, capfd: pytest.CaptureFixtur
     again = score(data, model, output=tmp_path / "out", input_cols="x", keep_cols="id",
                   rows_per_part=1000, num_processes=2)  # fmt: skip
     assert (again.scored_parts, again.rows) == (0, 6000)  # finished: nothing is scored again
+    assert again.scoring_seconds == 0.0
 
 
 CALLER = """

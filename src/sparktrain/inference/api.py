@@ -36,6 +36,9 @@ class ScoreResult:
         scored_parts: Parts this call scored (the others were done before it).
         seconds: How long the call took.
         peak_rss: The largest peak resident memory of a rank, in bytes (0 if none ran).
+        scoring_seconds: From the first rank's start of scoring to the last rank's end (the
+            call less the ranks' start-up and the listing and checks around them; 0 if none
+            ran). With ``max_restarts``, the last attempt's.
     """
 
     output: str
@@ -44,6 +47,7 @@ class ScoreResult:
     scored_parts: int
     seconds: float
     peak_rss: int = 0
+    scoring_seconds: float = 0.0
 
 
 @documents_options
@@ -137,9 +141,9 @@ def score(
         f"the files by {ranks} rank(s) on {backend}"
         + (f"; {len(done)} part(s) already written, not scored again" if done else "")
     )
-    peak = 0
+    peak, scoring = 0, 0.0
     if todo and not finished:
-        peak = _run_ranks(plan, target, todo, storage_options, ranks, backend, run_options)
+        peak, scoring = _run_ranks(plan, target, todo, storage_options, ranks, backend, run_options)
     if finished:
         rows = sum(_rows_in(target, storage_options))
     else:
@@ -148,7 +152,7 @@ def score(
             storage_options=storage_options,
         )  # fmt: skip
     seconds = time.monotonic() - started
-    return ScoreResult(target, len(plan.parts), rows, len(todo), seconds, peak)
+    return ScoreResult(target, len(plan.parts), rows, len(todo), seconds, peak, scoring)
 
 
 def _output_path(output: str | os.PathLike[str]) -> str:
@@ -193,8 +197,13 @@ def _run_ranks(  # noqa: PLR0917 - one private caller: score()
     ranks: int,
     backend: str,
     run_options: Mapping[str, Any],
-) -> int:
-    """Score the parts ``todo`` on ``ranks`` ranks; the largest peak memory of a rank, in bytes."""
+) -> tuple[int, float]:
+    """Score the parts ``todo`` on ``ranks`` ranks.
+
+    Returns:
+        The largest peak memory of a rank, in bytes, and the seconds from the first rank's start
+        of scoring to the last rank's end.
+    """
     from sparktrain.driver.launch import launch
 
     run = launch(
@@ -204,7 +213,11 @@ def _run_ranks(  # noqa: PLR0917 - one private caller: score()
         backend=backend,
         **{**run_options, "return_all": True},
     )
-    return max((value[1] for value in run.return_values.values() if value), default=0)
+    values = [value for value in run.return_values.values() if value]
+    if not values:
+        return 0, 0.0
+    scoring = max(v[3] for v in values) - min(v[2] for v in values)
+    return max(v[1] for v in values), max(0.0, scoring)
 
 
 def _check_apart(source: Source, output: str) -> None:

@@ -113,6 +113,24 @@ def test_state_dict_resumes_at_the_next_batch(tmp_path: Path, workers: int) -> N
         assert resumed.epoch == 1  # the resumed pass ended the epoch
 
 
+def test_a_batch_still_held_is_never_written_again(tmp_path: Path) -> None:
+    """Shuffled batches come from reused buffers: one held (or a view of it) keeps its own."""
+    path = write_ids(tmp_path / "data")
+
+    def dataset() -> StreamingDataset:
+        return from_parquet(path, batch_size=16, rank=0, world_size=1, shuffle_buffer=100)
+
+    expected = epoch_ids(dataset())
+    assert len(expected) > 4 * 4  # more batches than the buffers kept: they would be reused
+    held = [batch["id"] for batch in dataset()]  # the batch's own tensors
+    views = [batch["x"][:, 0] for batch in dataset()]  # views of them, the batches dropped
+    arrays = [batch["id"].numpy() for batch in dataset()]  # numpy arrays over them
+    assert [h.tolist() for h in held] == expected
+    assert [[int(v) for v in view.tolist()] for view in views] == expected
+    assert [a.tolist() for a in arrays] == expected
+    assert sorted(i for batch in expected for i in batch) == list(range(ROWS))
+
+
 def test_worker_turns_are_inverted() -> None:
     counts = [5, 5, 4]
     for consumed in range(sum(counts) + 1):

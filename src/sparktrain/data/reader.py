@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from sparktrain.data import order
+from sparktrain.data.blocks import Buffers, Shuffled, View, Window, concat, rows_in
 from sparktrain.data.columns import pyarrow, to_tensors
 from sparktrain.data.remainder import Runs
 from sparktrain.data.sources import Source, Unit
@@ -86,7 +87,7 @@ class _Cursor:
                 batch = next(self.batches)
                 self.pending = to_tensors(batch, where=where, offset=self.position)
                 self.pending_start = self.position
-            length = _length(self.pending)
+            length = rows_in(self.pending)
             end = self.pending_start + length
             lo, hi = max(piece.start, self.position) - self.pending_start, min(piece.stop, end)
             hi -= self.pending_start
@@ -125,104 +126,12 @@ def _slice(value: Any, start: int, stop: int | None) -> Any:
     return value[start:stop]
 
 
-def _concat(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    import torch
+def windows(stream: Stream) -> Iterator[View | Shuffled]:
+    """The worker's blocks of rows from the first unconsumed row, each in the order it is taken.
 
-    if len(parts) == 1:
-        return parts[0]
-    out: dict[str, Any] = {}
-    for name in parts[0]:
-        values = [p[name] for p in parts]
-        if all(isinstance(v, torch.Tensor) and v.shape[1:] == values[0].shape[1:] for v in values):
-            out[name] = torch.cat(values)
-        else:  # lists, or lists of numbers whose width changed between groups
-            out[name] = [row for v in values for row in v]
-    return out
-
-
-def _length(batch: dict[str, Any]) -> int:
-    return len(next(iter(batch.values())))
-
-
-class _Window:
-    """One window of rows, in buffers reused from window to window.
-
-    Batches are gathered out of it (copies), so no tensor handed out points into a buffer, and
-    reusing the buffers costs no new memory: the window is the same few MB all epoch long.
-    """
-
-    def __init__(self) -> None:
-        self.buffers: dict[str, Any] = {}
-
-    def fill(self, chunks: list[dict[str, Any]]) -> dict[str, Any]:
-        """The chunks' rows, one after the other (tensors in the reused buffers, or lists)."""
-        import torch
-
-        if not chunks:
-            return {}
-        total = sum(_length(c) for c in chunks)
-        out: dict[str, Any] = {}
-        for name in chunks[0]:
-            values = [c[name] for c in chunks]
-            first = values[0]
-            if not all(
-                isinstance(v, torch.Tensor)
-                and v.shape[1:] == first.shape[1:]
-                and v.dtype == first.dtype
-                for v in values
-            ):
-                out[name] = [row for v in values for row in v]
-                continue
-            buffer = self.buffers.get(name)
-            if (
-                buffer is None
-                or buffer.shape[1:] != first.shape[1:]
-                or buffer.dtype != first.dtype
-                or len(buffer) < total
-            ):
-                buffer = self.buffers[name] = torch.empty(
-                    (total, *first.shape[1:]), dtype=first.dtype
-                )
-            torch.cat(values, out=buffer[:total]) if len(values) > 1 else buffer[:total].copy_(
-                first
-            )
-            out[name] = buffer[:total]
-        return out
-
-
-class _Taker:
-    """Rows ``a .. b - 1`` of a block in its order: a gathered copy, or views when in order."""
-
-    def __init__(self, rows: dict[str, Any], order_of: np.ndarray | None) -> None:
-        self.rows, self.order_of = rows, order_of
-        self.length = _length(rows) if order_of is None else len(order_of)
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __call__(self, start: int, stop: int) -> dict[str, Any]:
-        if self.order_of is None:
-            return {k: v[start:stop] for k, v in self.rows.items()}
-        return _gather(self.rows, self.order_of[start:stop])
-
-
-def _gather(rows: dict[str, Any], index: np.ndarray) -> dict[str, Any]:
-    """A batch: the rows at ``index``, copied out of the window."""
-    import torch
-
-    picked = torch.from_numpy(index)
-    return {
-        k: v.index_select(0, picked) if isinstance(v, torch.Tensor) else [v[i] for i in index]
-        for k, v in rows.items()
-    }
-
-
-def windows(stream: Stream) -> Iterator[tuple[dict[str, Any], np.ndarray | None]]:
-    """The worker's windows from the first unconsumed row: the rows, and the order to take them.
-
-    Shuffled, a window's rows are copied into reused buffers and taken in a permuted order
-    (batches are gathered copies). In order, each decoded chunk is a block of its own, taken as
-    it is (``None``): batches are views of it, or joined copies where they straddle two chunks.
+    Shuffled, a block is a window: its chunks and its permuted order (:class:`Shuffled`). In
+    order, each decoded chunk is a block of its own (:class:`View`): batches are views of it,
+    or joined copies where they straddle two chunks.
     """
     source = stream.source
     unit_rows = [u.rows for u in source.units]
@@ -230,7 +139,7 @@ def windows(stream: Stream) -> Iterator[tuple[dict[str, Any], np.ndarray | None]
         len(unit_rows), seed=stream.seed, epoch=stream.epoch, shuffle=stream.shuffle
     )
     cursor = _Cursor(source, stream.columns)
-    window = _Window()
+    buffers, window = Buffers(), Window()
     size = stream.stop - stream.first
     start_window, offset = divmod(stream.skip, stream.window)
     for number in range(start_window, -(-size // stream.window)):
@@ -243,20 +152,18 @@ def windows(stream: Stream) -> Iterator[tuple[dict[str, Any], np.ndarray | None]
         skip = offset if number == start_window else 0
         if not stream.shuffle:  # in order: the decoded chunks themselves, sliced (no copy)
             for chunk in (c for p in pieces for c in cursor.read(p)):
-                length = _length(chunk)
+                length = rows_in(chunk)
                 if length > skip:
-                    yield chunk, None if skip == 0 else np.arange(skip, length)
+                    yield View({k: v[skip:] for k, v in chunk.items()} if skip else chunk)
                 skip = max(0, skip - length)
             continue
         chunks = [c for p in pieces for c in cursor.read(p)]
-        rows = window.fill(chunks)
-        del chunks
         taking = order.window_permutation(
             hi - lo,
             seed=stream.seed, epoch=stream.epoch, rank=stream.rank, worker=stream.worker,
             window=number, leg=stream.leg,
         )  # fmt: skip
-        yield rows, taking[skip:]
+        yield Shuffled(chunks, taking[skip:], buffers, window)
 
 
 def batches(stream: Stream) -> Iterator[dict[str, Any]]:
@@ -264,13 +171,12 @@ def batches(stream: Stream) -> Iterator[dict[str, Any]]:
     size = stream.batch_size
     pending: list[dict[str, Any]] = []  # the start of the next batch, joined once when full
     have = 0
-    for rows, order_of in windows(stream):
-        take = _Taker(rows, order_of)
+    for take in windows(stream):
         if size is None:
             for start in range(0, len(take), 1024):
-                part = take(start, start + 1024)
+                part = take(start, start + 1024, exact=True)
                 columns = list(part.items())
-                for i in range(_length(part)):
+                for i in range(rows_in(part)):
                     yield {k: v[i] for k, v in columns}
             continue
         position = 0
@@ -280,12 +186,12 @@ def batches(stream: Stream) -> Iterator[dict[str, Any]]:
             have, position = have + need, need
             if have < size:
                 continue
-            yield _concat(pending)
+            yield concat(pending)
             pending, have = [], 0
         while position + size <= len(take):
             yield take(position, position + size)
             position += size
-        if position < len(take):  # taken now: a shuffled window's buffers are reused next
+        if position < len(take):  # the start of the next batch, joined to it when it is full
             pending, have = [take(position, len(take))], len(take) - position
     if pending and not stream.drop_last:
-        yield _concat(pending)
+        yield concat(pending)

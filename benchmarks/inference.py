@@ -19,8 +19,9 @@ keep their full JIT, as on a cluster), generates ``--rows`` rows of 784 float32 
 * the files path (rows never pass through the JVM): (g) ``sparktrain.spark.predict`` as a
   DataFrame to the ``noop`` sink and (h) the same DataFrame written by Spark's Parquet writer;
   ``sparktrain.inference.score`` writing Parquet parts itself, (i) on local processes (no Spark)
-  and (j) on Spark's executors, timed as (n) is: from the first rank's start of scoring to the
-  last rank's end (the whole call's rate, the ranks' start included, is printed after the table).
+  and (j) on Spark's executors, timed by ``ScoreResult.scoring_seconds``: the longest rank's
+  time from its first read to its last write (as (n) leaves out its warm pool's start; the
+  whole call's rate, the ranks' start included, is printed after the table).
 
 The models: the seeds' MLP (784-512-256-10) and a 6-layer transformer encoder (the 784 values
 as 16 tokens of 49, width 64, 4 heads, feed-forward 256, mean-pooled to 10 logits; about 25
@@ -258,9 +259,9 @@ def score_files(
     """(i), (j): rows/s of ``sparktrain.inference.score`` on EXECUTORS ranks (local processes,
     or Spark's executors), each rank writing its parts as Parquet itself.
 
-    Timed as (n) is: from the first rank's start of scoring to the last rank's end
-    (``ScoreResult.scoring_seconds``); the whole call's rate (the ranks' start included) is
-    kept in ``WHOLE_CALLS`` and printed after the table.
+    Timed by ``ScoreResult.scoring_seconds`` (the longest rank's time scoring); the whole
+    call's rate (the ranks' start included) is kept in ``WHOLE_CALLS`` and printed after the
+    table.
     """
     from sparktrain.inference import score
 

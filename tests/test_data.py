@@ -125,9 +125,12 @@ def test_a_batch_still_held_is_never_written_again(tmp_path: Path) -> None:
     held = [batch["id"] for batch in dataset()]  # the batch's own tensors
     views = [batch["x"][:, 0] for batch in dataset()]  # views of them, the batches dropped
     arrays = [batch["id"].numpy() for batch in dataset()]  # numpy arrays over them
+    storages = [(batch["id"].untyped_storage(), len(batch["id"])) for batch in dataset()]
     assert [h.tolist() for h in held] == expected
     assert [[int(v) for v in view.tolist()] for view in views] == expected
     assert [a.tolist() for a in arrays] == expected
+    as_ids = [torch.empty(0, dtype=torch.int64).set_(s, 0, (n,)).tolist() for s, n in storages]
+    assert as_ids == expected  # the storage object alone, its batch dropped
     assert sorted(i for batch in expected for i in batch) == list(range(ROWS))
 
 

@@ -7,6 +7,7 @@ order is a :class:`View` (batches are views of it), a shuffled window is a :clas
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -33,59 +34,14 @@ def rows_in(batch: dict[str, Any]) -> int:
     return len(next(iter(batch.values())))
 
 
-class Window:
-    """One window of rows joined, in buffers reused from window to window (single rows only).
-
-    Rows are gathered out of it (copies), so no tensor handed out points into a buffer, and
-    reusing the buffers costs no new memory: the window is the same few MB all epoch long.
-    """
-
-    def __init__(self) -> None:
-        self.buffers: dict[str, Any] = {}
-
-    def fill(self, chunks: list[dict[str, Any]]) -> dict[str, Any]:
-        """The chunks' rows, one after the other (tensors in the reused buffers, or lists)."""
-        import torch
-
-        if not chunks:
-            return {}
-        total = sum(rows_in(c) for c in chunks)
-        out: dict[str, Any] = {}
-        for name in chunks[0]:
-            values = [c[name] for c in chunks]
-            first = values[0]
-            if not all(
-                isinstance(v, torch.Tensor)
-                and v.shape[1:] == first.shape[1:]
-                and v.dtype == first.dtype
-                for v in values
-            ):
-                out[name] = [row for v in values for row in v]
-                continue
-            buffer = self.buffers.get(name)
-            if (
-                buffer is None
-                or buffer.shape[1:] != first.shape[1:]
-                or buffer.dtype != first.dtype
-                or len(buffer) < total
-            ):
-                buffer = self.buffers[name] = torch.empty(
-                    (total, *first.shape[1:]), dtype=first.dtype
-                )
-            torch.cat(values, out=buffer[:total]) if len(values) > 1 else buffer[:total].copy_(
-                first
-            )
-            out[name] = buffer[:total]
-        return out
-
-
 class Buffers:
     """Batch buffers, written again once nothing outside holds any part of them.
 
     A shuffled batch is gathered into one of these, and the caller gets a view of it. A buffer is
     written again only when torch counts no other holder of its memory: no batch, no view of
-    one, no numpy array or DLPack capsule made from one (torch's storage use count, an internal
-    that torch's own CUDA-graph trees rely on). Memory written again is warm (in the CPU's
+    one, no numpy array, DLPack capsule or storage object made from one (torch's storage use
+    count, an internal that torch's own CUDA-graph trees rely on, and Python's count of the
+    storage object). Memory written again is warm (in the CPU's
     cache, its pages mapped), which new memory is not: a batch gathered into new memory cost
     about twice the copy itself, measured here. Without that count every batch is new memory.
 
@@ -99,21 +55,20 @@ class Buffers:
     def __init__(self) -> None:
         import torch
 
-        self.kept: dict[str, list[Any]] = {}
+        self.kept: dict[Any, list[Any]] = {}
         self.count = getattr(torch._C, "_storage_Use_Count", None)
+        self.alone = self._holders(torch.empty(1)) if self.count is not None else (0, 0)
 
-    def take(self, name: str, shape: tuple[int, ...], dtype: Any) -> Any:
-        """A tensor of ``shape`` and ``dtype`` that nothing else holds."""
+    def take(self, key: Any, shape: tuple[int, ...], dtype: Any) -> Any:
+        """A tensor of ``shape`` and ``dtype`` that nothing else holds (``key``: its use)."""
         import torch
 
-        kept = self.kept.setdefault(name, [])
+        kept = self.kept.setdefault(key, [])
+        kept[:] = [b for b in kept if not b.untyped_storage().is_shared()]  # given away (above)
         for buffer in kept:
             fits = buffer.shape[1:] == shape[1:] and buffer.dtype == dtype
-            if fits and len(buffer) >= shape[0] and self._free(buffer):
-                if not buffer.untyped_storage().is_shared():
-                    return buffer[: shape[0]]
-                kept.remove(buffer)  # given away (below): never written again
-                break
+            if fits and len(buffer) >= shape[0] and self._unheld(buffer):
+                return buffer[: shape[0]]
         buffer = torch.empty(shape, dtype=dtype)
         if self.count is not None:
             if len(kept) >= self.KEEP:
@@ -121,9 +76,21 @@ class Buffers:
             kept.append(buffer)
         return buffer[: shape[0]]  # a view: its holder counts (the same tensor object would not)
 
-    def _free(self, buffer: Any) -> bool:
-        # ``buffer`` holds its storage once, and the ``untyped_storage()`` asked for here once
-        return self.count is not None and self.count(buffer.untyped_storage()._cdata) <= 2
+    def _unheld(self, buffer: Any) -> bool:
+        held = self._holders(buffer)
+        return held[0] <= self.alone[0] and held[1] <= self.alone[1]
+
+    def _holders(self, buffer: Any) -> tuple[int, int]:
+        """Who holds ``buffer``'s memory: torch's count, and Python's of its storage object.
+
+        A tensor or view counts in the first; a storage object kept by itself
+        (``batch.untyped_storage()``, ``batch.storage()``) only in the second. Both are compared
+        with a new tensor's, so what this call itself holds cancels out.
+        """
+        if self.count is None:
+            return (1 << 30, 0)
+        storage = buffer.untyped_storage()
+        return self.count(storage._cdata), sys.getrefcount(storage)
 
 
 class View:
@@ -135,30 +102,29 @@ class View:
     def __len__(self) -> int:
         return self.length
 
-    def __call__(self, start: int, stop: int, *, exact: bool = False) -> dict[str, Any]:
-        """Rows ``start .. stop - 1``, as views (``exact``: the same)."""
+    def __call__(self, start: int, stop: int) -> dict[str, Any]:
+        """Rows ``start .. stop - 1``, as views."""
         return {k: v[start:stop] for k, v in self.rows.items()}
 
 
 class Shuffled:
     """A shuffled window: its decoded chunks and the order its rows are taken in.
 
-    A batch (``exact=False``) is the rows ``order[a:b]`` gathered straight out of the chunks
-    into a reused buffer (:class:`Buffers`), in the order they lie in the window: one copy a
-    row, into warm memory. Which rows make a batch is the order's; only their order inside the
-    batch is the window's, which no loss or metric over a batch sees. Single rows
-    (``exact=True``, a dataset without a batch size) keep the order itself: the chunks are
-    joined into the window's buffers once, and the rows gathered out of them.
+    A batch, the rows ``order[a:b]``, is gathered straight out of the chunks (no window buffer
+    joining them first): each chunk's rows of the batch, in the order they lie in the window,
+    into a reused scratch buffer (one copy a row, into warm memory), then that scratch into the
+    batch's own reused buffer in the order itself (a second copy, of a batch that is in the
+    CPU's cache). Both buffers come from :class:`Buffers`. Rows from a single chunk skip the
+    scratch.
     """
 
     def __init__(
-        self, chunks: list[dict[str, Any]], order_of: np.ndarray, buffers: Buffers, window: Window
+        self, chunks: list[dict[str, Any]], order_of: np.ndarray, buffers: Buffers
     ) -> None:
         import torch
 
-        self.chunks, self.order_of, self.buffers, self.window = chunks, order_of, buffers, window
+        self.chunks, self.order_of, self.buffers = chunks, order_of, buffers
         self.starts = np.cumsum([0, *(rows_in(c) for c in chunks)])
-        self.joined: dict[str, Any] | None = None
         self.columns: list[tuple[str, list[Any], bool]] = []  # name, values, all alike tensors
         for name in chunks[0] if chunks else ():
             values = [c[name] for c in chunks]
@@ -174,47 +140,43 @@ class Shuffled:
     def __len__(self) -> int:
         return len(self.order_of)
 
-    def __call__(self, start: int, stop: int, *, exact: bool = False) -> dict[str, Any]:
-        """The rows ``order[start:stop]``: a batch, or (``exact``) in the order itself."""
-        index = self.order_of[start:stop]
-        if exact:
-            if self.joined is None:
-                self.joined = self.window.fill(self.chunks)
-            return gather(self.joined, index)
-        return self._gathered(np.sort(index))
-
-    def _gathered(self, index: np.ndarray) -> dict[str, Any]:
+    def __call__(self, start: int, stop: int) -> dict[str, Any]:
+        """The rows ``order[start:stop]``, in that order."""
         import torch
 
+        index = self.order_of[start:stop]
         starts = self.starts
-        cuts = np.searchsorted(index, starts)
+        ranks = np.argsort(index, kind="stable")
+        ordered = index[ranks]  # the batch's rows in the window's order
+        cuts = np.searchsorted(ordered, starts)
         picks = [
-            (number, torch.from_numpy(index[cuts[number] : cuts[number + 1]] - starts[number]))
+            (number, torch.from_numpy(ordered[cuts[number] : cuts[number + 1]] - starts[number]))
             for number in range(len(self.chunks))
             if cuts[number + 1] > cuts[number]
         ]
+        places = np.empty_like(ranks)
+        places[ranks] = np.arange(len(ranks))  # where each row of the batch lies in ``ordered``
+        back = torch.from_numpy(places)
+        owner = None
         out: dict[str, Any] = {}
         for name, values, alike in self.columns:
             if not alike:
-                owner = np.searchsorted(starts, index, side="right") - 1
+                if owner is None:
+                    owner = np.searchsorted(starts, index, side="right") - 1
                 out[name] = [values[c][i - starts[c]] for c, i in zip(owner, index, strict=True)]
                 continue
-            first = values[0]
-            batch = self.buffers.take(name, (len(index), *first.shape[1:]), first.dtype)
-            for number, picked in picks:
-                torch.index_select(
-                    values[number], 0, picked, out=batch[cuts[number] : cuts[number + 1]]
-                )
+            shape, dtype = (len(index), *values[0].shape[1:]), values[0].dtype
+            batch = self.buffers.take(name, shape, dtype)
+            if len(picks) == 1:  # one chunk: gathered in the order itself
+                number = picks[0][0]
+                picked = torch.from_numpy(index - starts[number])
+                torch.index_select(values[number], 0, picked, out=batch)
+            else:
+                scratch = self.buffers.take((name, "scratch"), shape, dtype)
+                for number, picked in picks:
+                    torch.index_select(
+                        values[number], 0, picked, out=scratch[cuts[number] : cuts[number + 1]]
+                    )
+                torch.index_select(scratch, 0, back, out=batch)
             out[name] = batch
         return out
-
-
-def gather(rows: dict[str, Any], index: np.ndarray) -> dict[str, Any]:
-    """The rows at ``index``, copied out of a joined window."""
-    import torch
-
-    picked = torch.from_numpy(index)
-    return {
-        k: v.index_select(0, picked) if isinstance(v, torch.Tensor) else [v[i] for i in index]
-        for k, v in rows.items()
-    }

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from sparktrain.data import order
-from sparktrain.data.blocks import Buffers, Shuffled, View, Window, concat, rows_in
+from sparktrain.data.blocks import Buffers, Shuffled, View, concat, rows_in
 from sparktrain.data.columns import pyarrow, to_tensors
 from sparktrain.data.remainder import Runs
 from sparktrain.data.sources import Source, Unit
@@ -139,7 +139,7 @@ def windows(stream: Stream) -> Iterator[View | Shuffled]:
         len(unit_rows), seed=stream.seed, epoch=stream.epoch, shuffle=stream.shuffle
     )
     cursor = _Cursor(source, stream.columns)
-    buffers, window = Buffers(), Window()
+    buffers = Buffers()
     size = stream.stop - stream.first
     start_window, offset = divmod(stream.skip, stream.window)
     for number in range(start_window, -(-size // stream.window)):
@@ -163,7 +163,7 @@ def windows(stream: Stream) -> Iterator[View | Shuffled]:
             seed=stream.seed, epoch=stream.epoch, rank=stream.rank, worker=stream.worker,
             window=number, leg=stream.leg,
         )  # fmt: skip
-        yield Shuffled(chunks, taking[skip:], buffers, window)
+        yield Shuffled(chunks, taking[skip:], buffers)
 
 
 def batches(stream: Stream) -> Iterator[dict[str, Any]]:
@@ -174,7 +174,7 @@ def batches(stream: Stream) -> Iterator[dict[str, Any]]:
     for take in windows(stream):
         if size is None:
             for start in range(0, len(take), 1024):
-                part = take(start, start + 1024, exact=True)
+                part = take(start, start + 1024)
                 columns = list(part.items())
                 for i in range(rows_in(part)):
                     yield {k: v[i] for k, v in columns}

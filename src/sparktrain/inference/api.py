@@ -36,9 +36,10 @@ class ScoreResult:
         scored_parts: Parts this call scored (the others were done before it).
         seconds: How long the call took.
         peak_rss: The largest peak resident memory of a rank, in bytes (0 if none ran).
-        scoring_seconds: From the first rank's start of scoring to the last rank's end (the
-            call less the ranks' start-up and the listing and checks around them; 0 if none
-            ran). With ``max_restarts``, the last attempt's.
+        scoring_seconds: The longest rank's time scoring, from its first read to its last
+            write (the call less the ranks' start-up and the listing and checks around them;
+            each rank's own clock; 0 if none ran). With ``max_restarts``, the last attempt's,
+            while ``rows`` counts every attempt's.
     """
 
     output: str
@@ -201,8 +202,7 @@ def _run_ranks(  # noqa: PLR0917 - one private caller: score()
     """Score the parts ``todo`` on ``ranks`` ranks.
 
     Returns:
-        The largest peak memory of a rank, in bytes, and the seconds from the first rank's start
-        of scoring to the last rank's end.
+        The largest peak memory of a rank, in bytes, and the longest rank's seconds scoring.
     """
     from sparktrain.driver.launch import launch
 
@@ -216,8 +216,7 @@ def _run_ranks(  # noqa: PLR0917 - one private caller: score()
     values = [value for value in run.return_values.values() if value]
     if not values:
         return 0, 0.0
-    scoring = max(v[3] for v in values) - min(v[2] for v in values)
-    return max(v[1] for v in values), max(0.0, scoring)
+    return max(v[1] for v in values), max(v[2] for v in values)
 
 
 def _check_apart(source: Source, output: str) -> None:

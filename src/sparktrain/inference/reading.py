@@ -221,14 +221,14 @@ def coalesced(batches: Iterator[Any], rows: int, max_bytes: int = 64 << 20) -> I
 
 def score_rank(
     plan: ScoringPlan, output: str, todo: tuple[int, ...], options: Any
-) -> tuple[int, int, float, float]:
+) -> tuple[int, int, float]:
     """A rank's work: its share of the parts not yet written.
 
     Parts written by an earlier attempt (``max_restarts``) are skipped here too.
 
     Returns:
-        Rows written, the rank's peak RSS in bytes, and when its scoring started and ended
-        (``time.time()``: from before its first read to after its last write).
+        Rows written, the rank's peak RSS in bytes, and the seconds from before its first read
+        to after its last write (this rank's own clock: ranks on other hosts need not agree).
     """
     import time
 
@@ -236,18 +236,18 @@ def score_rank(
     from sparktrain.inference import files
     from sparktrain.rank.reporting import report
 
-    started = time.time()
     rank, world = contract_int("RANK", 0), contract_int("WORLD_SIZE", 1)
     done = files.done_parts(output, options)
     mine = [i for i in todo[rank::world] if i not in done]
     device = device_for_rank(plan.use_gpu)
+    started = time.monotonic()
     rows = 0
     for step, index in enumerate(mine, start=1):
         part = plan.parts[index]
         batches = coalesced(score_part(plan, part, device), PART_ROWS)  # a row group a part
         rows += files.write_part(output, index, plan.output_schema(), batches, options)
         report(step=step, total=len(mine), rows=rows)
-    return rows, peak_rss(), started, time.time()
+    return rows, peak_rss(), time.monotonic() - started
 
 
 def peak_rss() -> int:

@@ -41,9 +41,8 @@ class Buffers:
     written again only when torch counts no other holder of its memory: no batch, no view of
     one, no numpy array, DLPack capsule or storage object made from one (torch's storage use
     count, an internal that torch's own CUDA-graph trees rely on, and Python's count of the
-    storage object). Memory written again is warm (in the CPU's
-    cache, its pages mapped), which new memory is not: a batch gathered into new memory cost
-    about twice the copy itself, measured here. Without that count every batch is new memory.
+    storage object). Memory written again is warm (in the CPU's cache, its pages mapped), which
+    new memory is not. Without torch's count every batch is new memory.
 
     A buffer moved to shared memory is never written again: torch's own DataLoader workers (and
     ``torch.multiprocessing`` queues) hand a tensor over by moving its memory to ``/dev/shm``
@@ -56,7 +55,7 @@ class Buffers:
         import torch
 
         self.kept: dict[Any, list[Any]] = {}
-        self.count = getattr(torch._C, "_storage_Use_Count", None)
+        self.count: Any = getattr(torch._C, "_storage_Use_Count", None)
         self.alone = self._holders(torch.empty(1)) if self.count is not None else (0, 0)
 
     def take(self, key: Any, shape: tuple[int, ...], dtype: Any) -> Any:
@@ -87,9 +86,7 @@ class Buffers:
         (``batch.untyped_storage()``, ``batch.storage()``) only in the second. Both are compared
         with a new tensor's, so what this call itself holds cancels out.
         """
-        if self.count is None:
-            return (1 << 30, 0)
-        storage = buffer.untyped_storage()
+        storage = buffer.untyped_storage()  # only asked where ``count`` is (``kept`` is empty else)
         return self.count(storage._cdata), sys.getrefcount(storage)
 
 

@@ -83,9 +83,9 @@ def _active_spark() -> Any:
     return spark
 
 
-#: At most this many rows per Spark task of the files path. Each task costs Spark about 0.1 s
-#: here; with 50,000-row tasks that was 15 % of the pass (1,000,000 rows: 20 tasks 0.77x of the
-#: no-Spark limit, 4 tasks 0.91x, ``benchmarks/inference.py``, one run each).
+#: At most this many rows per Spark task of the files path: each task has a fixed cost in Spark
+#: (1,000,000 rows in 20 tasks of 50,000 rows reached 0.77x of the no-Spark limit, in 4 tasks
+#: 0.91x: ``benchmarks/inference.py --paths n,g``, one run each).
 TASK_ROWS = 500_000
 
 

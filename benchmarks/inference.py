@@ -79,12 +79,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 from train_mlp import make_model
 
 FEATURES = 784
-NO_SPARK = "(n) no Spark: 2 processes read+run"
+NO_SPARK = "(n) no Spark: processes read+run"
 SCORED = "(i) score() -> Parquet, no Spark"
 SCORED_SPARK = "(j) score(backend='spark') -> Parquet"
 RANK_PEAKS: list[float] = []  # (i), (j): the largest peak RSS of a rank, each call, in MB
 WHOLE_CALLS: dict[str, list[float]] = {}  # (i), (j): rows/s of the whole call, ranks' start too
-EXECUTORS = 2
+GPU_USE: dict[str, list[float]] = {}  # with --gpu: each path's mean GPU utilisation, each run
+EXECUTORS = 2  # Spark's executors, (n)'s processes and score()'s ranks (--ranks)
 FILE_ROWS = 50_000
 
 
@@ -205,26 +206,30 @@ def limit(model: nn.Module, data: Path, batch: int, gpu: bool) -> float:
     return len(x) / seconds * EXECUTORS
 
 
-def _plain_worker(payload: bytes, pieces: list[tuple[str, int]], batch: int) -> tuple[float, ...]:
+def _plain_worker(
+    payload: bytes, pieces: list[tuple[str, int]], batch: int, device: str = "cpu"
+) -> tuple[float, ...]:
     """(n), in one process: read row groups with pyarrow, run the model; rows, start, end."""
     import cloudpickle
     import pyarrow.parquet as pq
 
     torch.set_num_threads(1)
-    model = cloudpickle.loads(payload)
-    rows, started = 0, time.time()
+    model = cloudpickle.loads(payload).to(device)
+    rows, started, out = 0, time.time(), None
     with torch.inference_mode():
         for file, group in pieces:
             handle = pq.ParquetFile(file)
             for chunk in handle.iter_batches(batch, row_groups=[group], columns=["features"]):
                 column = chunk.column(0)
                 x = torch.from_numpy(column.flatten().to_numpy()).reshape(len(column), FEATURES)
-                model(x)
+                out = model(x.to(device))
                 rows += len(column)
+        if out is not None:
+            out.cpu()  # on a GPU: wait for the last forward pass
     return rows, started, time.time()
 
 
-def plain_processes(model: nn.Module, data: Path, batch: int) -> float:
+def plain_processes(model: nn.Module, data: Path, batch: int, gpu: bool = False) -> float:
     """(n): rows/s of EXECUTORS plain processes (no Spark), each reading its share of the row
     groups with pyarrow and running the model on one thread; from the first start to the last
     end."""
@@ -241,20 +246,28 @@ def plain_processes(model: nn.Module, data: Path, batch: int) -> float:
     ]
     payload = cloudpickle.dumps(model)
     context = multiprocessing.get_context("spawn")
+    count = torch.cuda.device_count() if gpu else 0
+    devices = [f"cuda:{i % count}" if gpu else "cpu" for i in range(EXECUTORS)]
     with ProcessPoolExecutor(EXECUTORS, mp_context=context) as pool:
-        list(
-            pool.map(
-                _plain_worker, [payload] * EXECUTORS, [pieces[:1]] * EXECUTORS, [batch] * EXECUTORS
-            )
-        )  # fmt: skip  (warm: imports, first forward)
+        first = [pieces[:1]] * EXECUTORS  # warm: imports, CUDA, the first forward pass
+        list(pool.map(_plain_worker, [payload] * EXECUTORS, first, [batch] * EXECUTORS, devices))
         shares = [pieces[i::EXECUTORS] for i in range(EXECUTORS)]
-        done = list(pool.map(_plain_worker, [payload] * EXECUTORS, shares, [batch] * EXECUTORS))
+        done = list(
+            pool.map(_plain_worker, [payload] * EXECUTORS, shares, [batch] * EXECUTORS, devices)
+        )
     rows = sum(d[0] for d in done)
     return rows / (max(d[2] for d in done) - min(d[1] for d in done))
 
 
 def score_files(
-    model: nn.Module, data: Path, batch: int, out: Path, backend: str = "local"
+    model: nn.Module,
+    data: Path,
+    batch: int,
+    out: Path,
+    *,
+    backend: str = "local",
+    gpu: bool = False,
+    autocast: str | None = None,
 ) -> float:
     """(i), (j): rows/s of ``sparktrain.inference.score`` on EXECUTORS ranks (local processes,
     or Spark's executors), each rank writing its parts as Parquet itself.
@@ -268,16 +281,17 @@ def score_files(
     result = score(
         str(data), model, output=str(out), input_cols="features", keep_cols=["id"],
         batch_size=batch, num_processes=EXECUTORS, overwrite=True, progress=False,
-        backend=backend,
+        backend=backend, use_gpu=gpu, autocast=autocast,
     )  # fmt: skip
     RANK_PEAKS.append(result.peak_rss / 1e6)
     WHOLE_CALLS.setdefault(backend, []).append(result.rows / result.seconds)
-    check_written(out, data, model)
+    check_written(out, data, model, half=autocast is not None)
     return result.rows / result.scoring_seconds
 
 
-def check_written(out: Path, data: Path, model: nn.Module) -> None:
-    """The parts written hold the model's outputs for the first ids, each once."""
+def check_written(out: Path, data: Path, model: nn.Module, half: bool = False) -> None:
+    """The parts written hold the model's outputs for the first ids, each once (``half``: to
+    bf16's or fp16's precision)."""
     import pyarrow.dataset as pads
 
     first = pads.field("id") < 200
@@ -288,7 +302,8 @@ def check_written(out: Path, data: Path, model: nn.Module) -> None:
     with torch.inference_mode():
         expected = model.cpu()(x)
     got = torch.tensor(np.array(written["prediction"].to_pylist()), dtype=torch.float32)
-    assert torch.allclose(got, expected, atol=1e-4), f"{out}: predictions differ"
+    close = {"atol": 0.1, "rtol": 0.05} if half else {"atol": 1e-4}
+    assert torch.allclose(got, expected, **close), f"{out}: predictions differ"  # type: ignore[arg-type]
 
 
 def paths(
@@ -432,36 +447,44 @@ def timed(df: Any, parquet: str | None = None) -> float:
 def run_model(
     spark: Any, name: str, model: nn.Module, args: argparse.Namespace, *, data: Path, work: Path
 ) -> dict[str, float]:
-    df = spark.read.parquet(str(data))
-    rows = args.rows
     log(f"{name}: (a) the limit")
     results = {"(a) limit: forward x executors": limit(model, data, args.batch, args.gpu)}
     wanted = set(args.paths.split(","))
-    every = paths(spark, model, args.batch, args.gpu, work)
-    ways = {way: make for way, make in every.items() if way[1 : way.index(")")] in wanted}
-    if args.gpu:
-        ways.pop("(d) mlflow spark_udf", None)  # its pyfunc loads on the CPU
-    first = df.where("id < 200")  # Parquet statistics: only the first row group is read
-    for way, make in ways.items():
-        if "(f)" not in way:
-            check(way, make(first), model, first)
-    log(f"{name}: warm-up pass")
-    timed(every["(f) transfer alone"](df))
     clock = timers(model, data, args, work, wanted)
-    for way, make in ways.items():
-        parquet = str(work / "out") if "-> Parquet" in way else None
-        clock[way] = functools.partial(spark_rate, make, df, rows, parquet)
+    if spark is not None:
+        df = spark.read.parquet(str(data))
+        every = paths(spark, model, args.batch, args.gpu, work)
+        ways = {way: make for way, make in every.items() if way[1 : way.index(")")] in wanted}
+        if args.gpu:
+            ways.pop("(d) mlflow spark_udf", None)  # its pyfunc loads on the CPU
+        first = df.where("id < 200")  # Parquet statistics: only the first row group is read
+        for way, make in ways.items():
+            if "(f)" not in way:
+                check(way, make(first), model, first)
+        log(f"{name}: warm-up pass")
+        timed(every["(f) transfer alone"](df))
+        for way, make in ways.items():
+            parquet = str(work / "out") if "-> Parquet" in way else None
+            clock[way] = functools.partial(spark_rate, make, df, args.rows, parquet)
+    return results | interleaved(name, clock, args)
+
+
+def interleaved(
+    name: str, clock: dict[str, Callable[[], float]], args: argparse.Namespace
+) -> dict[str, float]:
+    """Each path's median rows/s over ``--repeat`` rounds, every path in turn in each round."""
     rates: dict[str, list[float]] = {way: [] for way in clock}
-    for attempt in range(args.repeat):  # every path in turn, Spark's JVMs up for all of them
+    for attempt in range(args.repeat):
         for way, rate in clock.items():
             with GpuUse(args.gpu) as gpu:
                 value = rate()
             rates[way].append(value)
             use = f", GPU utilisation {gpu.mean:.0f} %" if gpu.mean is not None else ""
-            log(f"{name} {way} run {attempt + 1}: {rows / value:.1f}s, {value:,.0f} rows/s{use}")
-    for way, values in rates.items():
-        results[way] = statistics.median(values)
-    return results
+            took = f"{args.rows / value:.1f}s, {value:,.0f} rows/s{use}"
+            log(f"{name} {way} run {attempt + 1}: {took}")
+            if gpu.mean is not None:
+                GPU_USE.setdefault(way, []).append(gpu.mean)
+    return {way: statistics.median(values) for way, values in rates.items()}
 
 
 def spark_rate(make: Callable[[Any], Any], df: Any, rows: int, parquet: str | None) -> float:
@@ -474,11 +497,15 @@ def timers(
 ) -> dict[str, Callable[[], float]]:
     """The paths that take no DataFrame: each a function that runs it once, giving rows/s."""
     out: dict[str, Callable[[], float]] = {}
-    if "n" in wanted and not args.gpu:
-        out[NO_SPARK] = lambda: plain_processes(model, data, args.batch)
-    if "i" in wanted and not args.gpu:
-        out[SCORED] = lambda: score_files(model, data, args.batch, work / "scored")
-    if "j" in wanted:
+    if "n" in wanted:
+        out[NO_SPARK] = lambda: plain_processes(model, data, args.batch, args.gpu)
+    if "i" in wanted:
+        out[SCORED] = lambda: score_files(model, data, args.batch, work / "scored", gpu=args.gpu)
+    if "i" in wanted and args.autocast:
+        out[f"{SCORED} {args.autocast}"] = lambda: score_files(
+            model, data, args.batch, work / "scored-half", gpu=args.gpu, autocast=args.autocast
+        )
+    if "j" in wanted and not args.no_spark:
         out[SCORED_SPARK] = lambda: score_files(
             model, data, args.batch, work / "scored-spark", backend="spark"
         )
@@ -498,17 +525,19 @@ def workers_peak_mb() -> float:
 
 
 def report(tables: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
+    cluster = f"executors (local-cluster[{EXECUTORS},1,1024])"
+    where = "ranks, no Spark" if args.no_spark else cluster
     print(
-        f"\ninference over {args.rows:,} rows of 784 float32 on local-cluster[2,1,1024]"
-        f"{' with GPUs' if args.gpu else ''}, batches of {args.batch}; rows/s"
+        f"\ninference over {args.rows:,} rows of 784 float32, {EXECUTORS} "
+        f"{where}{' with GPUs' if args.gpu else ''}, batches of {args.batch}; rows/s"
         f" (median of {args.repeat}); pyspark {version_of('pyspark')}, torch "
         f"{version_of('torch')}, mlflow {version_of('mlflow')}; load {load_average()}"
     )
     for name, table in tables.items():
         top = table["(a) limit: forward x executors"]
-        print(f"\n  {name:<12} {'path':<34} {'rows/s':>10} {'/ (a)':>7}")
+        print(f"\n  {name:<12} {'path':<39} {'rows/s':>10} {'/ (a)':>7}")
         for way, value in table.items():
-            print(f"  {'':<12} {way:<34} {value:>10,.0f} {fmt(ratio(value, top)):>7}")
+            print(f"  {'':<12} {way:<39} {value:>10,.0f} {fmt(ratio(value, top)):>7}")
         ours = table.get("(b) TorchModel.transform")
         best = max(table.get("(c) predict_batch_udf", 0), table.get("(d) mlflow spark_udf", 0))
         plain, batch_udf = table.get(NO_SPARK), table.get("(c) predict_batch_udf")
@@ -531,9 +560,11 @@ def report(tables: dict[str, dict[str, float]], args: argparse.Namespace) -> Non
             ("(b)/best of (c),(d)", ratio(ours, best or None), 1.5),
             ("(f)/(a): the transfer's ceiling", ratio(table.get("(f) transfer alone"), top), None),
         ):
+            if value is None and args.no_spark:
+                continue  # a Spark path, not run
             verdict = "" if target is None else ("PASS" if value and value >= target else "MISS")
             goal = "" if target is None else f">= {target}"
-            print(f"  {'':<12} {label:<34} {fmt(value):>10} {goal:>7} {verdict}")
+            print(f"  {'':<12} {label:<39} {fmt(value):>10} {goal:>7} {verdict}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -542,12 +573,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=1024, help="rows per forward pass")
     parser.add_argument("--repeat", type=int, default=1, help="passes per path; the median")
     parser.add_argument("--models", default="mlp,transformer")
-    parser.add_argument("--gpu", action="store_true", help="one GPU per executor")
+    parser.add_argument("--gpu", action="store_true", help="one GPU per executor and rank")
+    parser.add_argument(
+        "--no-spark", action="store_true", help="start no Spark: only (a), (n) and (i)"
+    )
+    parser.add_argument(
+        "--ranks", type=int, default=None,
+        help="executors, (n)'s processes and score()'s ranks (2; with --gpu, the GPUs seen)",
+    )  # fmt: skip
+    parser.add_argument("--autocast", choices=("bf16", "fp16"), help="add (i) in half precision")
     parser.add_argument("--data", default=None, help="folder for the data (kept between runs)")
     parser.add_argument(
         "--paths", default="a,n,g,h,i,j,b,b',c,d,e,f", help="paths to time, e.g. n,g,c"
     )
     args = parser.parse_args(argv)
+    global EXECUTORS  # noqa: PLW0603 (one setting for every path, read by the workers too)
+    EXECUTORS = args.ranks or (torch.cuda.device_count() if args.gpu else 0) or EXECUTORS
     os.environ.setdefault(BENCH_TAG_VAR, uuid.uuid4().hex)
     os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
     warnings.filterwarnings("ignore", category=FutureWarning)  # pyspark on pandas 3
@@ -556,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = {k: v for k, v in models().items() if k in args.models.split(",")}
     tables = {}
     with tempfile.TemporaryDirectory() as scratch:
-        spark = start_spark(args.gpu, Path(scratch))
+        spark = None if args.no_spark else start_spark(args.gpu, Path(scratch))
         try:
             for name, model in chosen.items():
                 tables[name] = run_model(spark, name, model, args, data=data, work=Path(scratch))
@@ -565,10 +606,14 @@ def main(argv: list[str] | None = None) -> int:
             import sparktrain
 
             sparktrain.shutdown_warm()  # the fork server score() started
-            spark.stop()
-            shutdown_gateway()  # the driver JVM, which spark.stop() leaves running
+            if spark is not None:
+                spark.stop()
+                shutdown_gateway()  # the driver JVM, which spark.stop() leaves running
     report(tables, args)
-    print(f"\npeak RSS of a Spark Python worker over every path: {peak:,.0f} MB")
+    if not args.no_spark:
+        print(f"\npeak RSS of a Spark Python worker over every path: {peak:,.0f} MB")
+    for way, uses in GPU_USE.items():
+        print(f"mean GPU utilisation, {way}: " + " ".join(f"{u:.0f} %" for u in uses))
     if RANK_PEAKS:
         print(f"peak RSS of a rank of score() (i), (j): {max(RANK_PEAKS):,.0f} MB")
     for backend, rates in WHOLE_CALLS.items():

@@ -144,21 +144,30 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--gpu", action="store_true", help="NCCL, one GPU per rank")
     parser.add_argument("--mesh", action="store_true", help="add the tp x pp x FSDP rows")
+    parser.add_argument("--processes", type=int, default=2, help="ranks (one GPU each)")
     args = parser.parse_args()
+    import importlib.util
+
+    deepspeed = importlib.util.find_spec("deepspeed") is not None
     print(
         f"cpus={os.cpu_count()} python={sys.version.split()[0]} sparktrain={sparktrain.__version__}"
     )
     rows = []
     for strategy, options in STRATEGIES:
+        if strategy.startswith("zero") and not deepspeed:
+            print(f"{strategy}: skipped, DeepSpeed is not installed")
+            continue
         label = strategy + "".join(f" {k}={v}" for k, v in options.items())
         result = sparktrain.launch(
-            measure, (strategy, options, args.steps, args.gpu), num_processes=2,
+            measure, (strategy, options, args.steps, args.gpu), num_processes=args.processes,
             use_gpu=args.gpu, log_ranks=[],
         ).value  # fmt: skip
         rows.append((label, result))
     ddp = rows[0][1]["parameters"] + rows[0][1]["optimizer"]
     where = "GPU" if args.gpu else "CPU"
-    print(f"\n2 ranks, {args.steps} steps of batch 64 per rank, fp32, Adam ({where})")
+    print(
+        f"\n{args.processes} ranks, {args.steps} steps of batch 64 per rank, fp32, Adam ({where})"
+    )
     print(
         "| strategy | steps/s | parameters (MB/rank) | optimizer states (MB/rank) | vs ddp "
         "| peak GPU (MB) |"

@@ -407,3 +407,45 @@ def test_a_model_with_batch_norm_and_its_identity(tmp_path: Path) -> None:
     data = write_features(tmp_path / "in", files=1)
     score(data, model, output=tmp_path / "out", input_cols="x", keep_cols="id", num_processes=1)
     check_output(tmp_path / "out", data, model)
+
+
+def test_gpu_choice_and_default_ranks_follow_the_gpus_the_launch_sees(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Faked discovery, the real launch path: one GPU seen, so by default one rank scores;
+    ``use_gpu=False`` runs more ranks than GPUs on the CPU instead of being refused."""
+    from sparktrain.launchplan.topology import Topology
+
+    data = write_features(tmp_path / "in")
+    model = make_model()
+    one_gpu = Topology(cpus=2, gpus=("0",), hostname="h")
+    score(data, model, output=tmp_path / "gpu", input_cols="x", keep_cols="id",
+          rows_per_part=1000, topology=one_gpu)  # fmt: skip
+    assert "by 1 rank(s) on local" in capfd.readouterr().err
+    check_output(tmp_path / "gpu", data, model)
+    result = score(
+        data, model, output=tmp_path / "cpu", input_cols="x", keep_cols="id",
+        rows_per_part=1000, num_processes=2, use_gpu=False, topology=one_gpu,
+    )  # fmt: skip
+    assert "by 2 rank(s) on local" in capfd.readouterr().err
+    assert result.scored_parts == 6
+    check_output(tmp_path / "cpu", data, model)
+
+
+def test_a_fixed_size_list_column_is_scored(tmp_path: Path) -> None:
+    """Arrays written as Arrow's fixed-size lists (numpy and many embedding tools do) have no
+    offsets: they are read as rows of one width."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    values = np.random.default_rng(1).standard_normal(3000 * WIDTH, dtype=np.float32)
+    table = pa.table(
+        {
+            "id": pa.array(np.arange(3000, dtype=np.int64)),
+            "x": pa.FixedSizeListArray.from_arrays(pa.array(values), WIDTH),
+        }
+    )
+    pq.write_table(table, folder / "f.parquet", row_group_size=1000)
+    model = make_model()
+    score(folder, model, output=tmp_path / "out", input_cols="x", keep_cols="id",
+          num_processes=1)  # fmt: skip
+    check_output(tmp_path / "out", folder, model)

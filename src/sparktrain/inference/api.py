@@ -10,6 +10,7 @@ and every input row has exactly one output row. :func:`make_plan` is shared with
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -98,8 +99,8 @@ def score(
             sees one.
         autocast: ``"bf16"`` or ``"fp16"`` to run the forward pass in half precision.
         overwrite: Delete what ``output`` holds first; else a run of the same scoring resumes.
-        num_processes: Ranks; by default this machine's CPUs (at most one per part). Give it
-            for ``backend="spark"`` or ``"ray"``.
+        num_processes: Ranks; by default this machine's GPUs where the ranks use them, else
+            its CPUs (at most one rank per part). Give it for ``backend="spark"`` or ``"ray"``.
         backend: ``"local"``, ``"spark"`` or ``"ray"``, as for :func:`sparktrain.launch`.
         storage_options: Credentials for a remote ``data`` or ``output`` (as fsspec takes).
         **run_options: Run options of :func:`sparktrain.launch` by name
@@ -136,7 +137,8 @@ def score(
         target, plan.fingerprint(), fmt=format, overwrite=overwrite, storage_options=storage_options
     )
     todo = tuple(p.index for p in plan.parts if p.index not in done)
-    ranks = _ranks(num_processes, backend, target, len(todo))
+    slots = functools.partial(_local_slots, use_gpu, run_options)
+    ranks = _ranks(num_processes, backend, target, len(todo), slots)
     _say(
         f"{len(plan.parts)} parts ({source.rows:,} rows) of {source.name} -> {target}, read from "
         f"the files by {ranks} rank(s) on {backend}"
@@ -168,8 +170,21 @@ def _say(line: str) -> None:
     print(f"sparktrain.score: {line}", file=sys.stderr, flush=True)
 
 
-def _ranks(num_processes: int | None, backend: str, target: str, parts: int) -> int:
-    """The ranks to start (by default this machine's CPUs, at most one per part to score).
+def _local_slots(use_gpu: bool | None, run_options: Mapping[str, Any]) -> int:
+    """Ranks a local run starts by default: the GPUs where the ranks use them, else the CPUs.
+
+    The ranks use GPUs unless ``use_gpu`` is ``False``; the GPUs are the ones the launch sees.
+    """
+    from sparktrain.launchplan.topology import detect_local
+
+    topology = run_options.get("topology") or detect_local(gpus=use_gpu is not False)
+    return len(topology.gpus) if topology.gpus and use_gpu is not False else topology.cpus
+
+
+def _ranks(
+    num_processes: int | None, backend: str, target: str, parts: int, slots: Callable[[], int]
+) -> int:
+    """The ranks to start (by default ``slots()``, at most one per part to score).
 
     Says on stderr when a cluster's ranks would write a local path.
 
@@ -179,7 +194,7 @@ def _ranks(num_processes: int | None, backend: str, target: str, parts: int) -> 
     if num_processes is None:
         if backend != "local":
             raise ConfigError(f"backend={backend!r}: give num_processes, the number of ranks.")
-        num_processes = max(1, min(os.cpu_count() or 1, parts))
+        num_processes = max(1, min(slots(), parts))
     positive("num_processes", num_processes)
     if backend != "local" and "://" not in target:
         _say(
@@ -211,6 +226,7 @@ def _run_ranks(  # noqa: PLR0917 - one private caller: score()
         args=(plan, target, todo, storage_options),
         num_processes=min(ranks, len(todo)),
         backend=backend,
+        use_gpu=plan.use_gpu,
         **{**run_options, "return_all": True},
     )
     values = [value for value in run.return_values.values() if value]

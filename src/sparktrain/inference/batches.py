@@ -106,6 +106,8 @@ def _lengths(array: Any) -> Any:
         sizes = np.asarray(fields["size"].fill_null(0))
         dense = np.asarray(fields["values"].value_lengths().fill_null(0))
         return np.where(np.asarray(fields["type"].fill_null(1)) == 0, sizes, dense)
+    if hasattr(array.type, "list_size"):  # a fixed-size list: no offsets, one width
+        return np.full(len(array), array.type.list_size)
     return np.diff(np.asarray(array.offsets))
 
 

@@ -114,7 +114,8 @@ def test_state_dict_resumes_at_the_next_batch(tmp_path: Path, workers: int) -> N
 
 
 def test_a_batch_still_held_is_never_written_again(tmp_path: Path) -> None:
-    """Shuffled batches come from reused buffers: one held (or a view of it) keeps its own."""
+    """Shuffled batches are views of reused window buffers: one held (or a view of it, or its
+    storage) keeps its own."""
     path = write_ids(tmp_path / "data")
 
     def dataset() -> StreamingDataset:
@@ -125,13 +126,37 @@ def test_a_batch_still_held_is_never_written_again(tmp_path: Path) -> None:
     held = [batch["id"] for batch in dataset()]  # the batch's own tensors
     views = [batch["x"][:, 0] for batch in dataset()]  # views of them, the batches dropped
     arrays = [batch["id"].numpy() for batch in dataset()]  # numpy arrays over them
-    storages = [(batch["id"].untyped_storage(), len(batch["id"])) for batch in dataset()]
+    storages = [
+        (batch["id"].untyped_storage(), batch["id"].storage_offset(), len(batch["id"]))
+        for batch in dataset()
+    ]  # a batch is a view of its window's buffer: it starts where it starts in it
     assert [h.tolist() for h in held] == expected
     assert [[int(v) for v in view.tolist()] for view in views] == expected
     assert [a.tolist() for a in arrays] == expected
-    as_ids = [torch.empty(0, dtype=torch.int64).set_(s, 0, (n,)).tolist() for s, n in storages]
+    as_ids = [torch.empty(0, dtype=torch.int64).set_(s, o, (n,)).tolist() for s, o, n in storages]
     assert as_ids == expected  # the storage object alone, its batch dropped
     assert sorted(i for batch in expected for i in batch) == list(range(ROWS))
+
+
+def test_rows_whose_width_changes_inside_a_window_keep_their_values(tmp_path: Path) -> None:
+    """A list column whose rows have one width in a row group and another in the next: a
+    shuffled window that spans them gives lists, each row its own values."""
+    writer = pq.ParquetWriter(
+        tmp_path / "w.parquet", pa.schema([("id", pa.int64()), ("v", pa.list_(pa.float32()))])
+    )
+    for group, width in enumerate((3, 4, 3, 5)):
+        ids = np.arange(group * 300, (group + 1) * 300)
+        values = pa.array([[float(i)] * width for i in ids], pa.list_(pa.float32()))
+        writer.write_table(pa.table({"id": ids, "v": values}))
+    writer.close()
+    seen = []
+    for batch in from_parquet(tmp_path, batch_size=64, shuffle_buffer=500, world_size=1, rank=0):
+        for row_id, row in zip(batch["id"].tolist(), batch["v"], strict=True):
+            width = (3, 4, 3, 5)[row_id // 300]
+            assert [float(x) for x in row] == [float(row_id)] * width
+            seen.append(row_id)
+    assert sorted(seen) == list(range(1200))
+    assert seen != sorted(seen)  # shuffled
 
 
 def test_worker_turns_are_inverted() -> None:

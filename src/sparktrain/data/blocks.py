@@ -1,13 +1,15 @@
-"""A window's rows in memory: views of decoded chunks, and batches gathered out of them.
+"""A window's rows in memory: views of decoded chunks, or of a shuffled window's buffer.
 
-The reader (:mod:`sparktrain.data.reader`) cuts its batches out of these blocks: a chunk read in
-order is a :class:`View` (batches are views of it), a shuffled window is a :class:`Shuffled`
-(batches are gathered out of its chunks into :class:`Buffers`, reused once nothing holds them).
+The reader (:mod:`sparktrain.data.reader`) cuts its batches out of these blocks, each a
+:class:`View` (batches are views of it): a chunk read in order, or a shuffled window whose rows
+:func:`shuffled` gathered in the order they are taken into :class:`Buffers`, reused once nothing
+holds them.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -37,7 +39,7 @@ def rows_in(batch: dict[str, Any]) -> int:
 class Buffers:
     """Batch buffers, written again once nothing outside holds any part of them.
 
-    A shuffled batch is gathered into one of these, and the caller gets a view of it. A buffer is
+    A shuffled window is gathered into one of these, and batches are views of it. A buffer is
     written again only when torch counts no other holder of its memory: no batch, no view of
     one, no numpy array, DLPack capsule or storage object made from one (torch's storage use
     count, an internal that torch's own CUDA-graph trees rely on, and Python's count of the
@@ -104,76 +106,71 @@ class View:
         return {k: v[start:stop] for k, v in self.rows.items()}
 
 
-class Shuffled:
-    """A shuffled window: its decoded chunks and the order its rows are taken in.
+def shuffled(
+    chunks: Iterable[dict[str, Any]], taking: np.ndarray, read: int, buffers: Buffers
+) -> View:
+    """A shuffled window as one block: its rows in the order they are taken (``taking``).
 
-    A batch, the rows ``order[a:b]``, is gathered straight out of the chunks (no window buffer
-    joining them first): each chunk's rows of the batch, in the order they lie in the window,
-    into a reused scratch buffer (one copy a row, into warm memory), then that scratch into the
-    batch's own reused buffer in the order itself (a second copy, of a batch that is in the
-    CPU's cache). Both buffers come from :class:`Buffers`. Rows from a single chunk skip the
-    scratch.
+    Each chunk's rows of a tensor column are written to their places in a reused buffer as soon
+    as the chunk is decoded (one copy a row, out of the CPU's cache into warm memory; the chunk
+    is then let go), and every batch is a view of the buffer: a batch costs no copy and no
+    bookkeeping. A batch that is kept keeps its window's buffer (``.clone()`` it to keep it
+    alone). Other columns (ragged lists, text, tensors whose width or type changes between
+    chunks) are lists of the rows in the same order.
+
+    Args:
+        chunks: The window's ``read`` rows, decoded, in the order they are read.
+        taking: The rows taken, as positions among the rows read, in the order taken (a
+            resumed window's first rows are not taken).
+        read: How many rows ``chunks`` holds.
+        buffers: Where the window's buffers come from.
     """
+    import torch
 
-    def __init__(
-        self, chunks: list[dict[str, Any]], order_of: np.ndarray, buffers: Buffers
-    ) -> None:
-        import torch
+    place = np.full(read, -1, dtype=np.int64)  # where each row read goes, or -1
+    place[taking] = np.arange(len(taking))
+    rows: dict[str, Any] = {}
+    start = 0
+    for chunk in chunks:
+        where = place[start : start + rows_in(chunk)]
+        for name, value in chunk.items():
+            out = rows.get(name)
+            if out is None and isinstance(value, torch.Tensor):
+                out = rows[name] = buffers.take(name, (len(taking), *value.shape[1:]), value.dtype)
+            if isinstance(out, torch.Tensor):
+                if _alike(out, value):
+                    _place(out, value, where)
+                    continue
+                done = place[:start][place[:start] >= 0]  # rows placed so far: a list from here
+                buffer, out = out, [None] * len(taking)
+                for at in done:
+                    out[at] = buffer[at].clone()
+                rows[name] = out
+            out = rows.setdefault(name, [None] * len(taking))
+            for i in np.flatnonzero(where >= 0):
+                out[where[i]] = value[i]
+        start += rows_in(chunk)
+    return View(rows) if rows else View({"": []})  # (an empty window: nothing to take)
 
-        self.chunks, self.order_of, self.buffers = chunks, order_of, buffers
-        self.starts = np.cumsum([0, *(rows_in(c) for c in chunks)])
-        self.columns: list[tuple[str, list[Any], bool]] = []  # name, values, all alike tensors
-        for name in chunks[0] if chunks else ():
-            values = [c[name] for c in chunks]
-            first = values[0]
-            alike = all(
-                isinstance(v, torch.Tensor)
-                and v.shape[1:] == first.shape[1:]
-                and v.dtype == first.dtype
-                for v in values
-            )  # else lists, or lists of numbers whose width changed between chunks
-            self.columns.append((name, values, alike))
 
-    def __len__(self) -> int:
-        return len(self.order_of)
+def _alike(out: Any, value: Any) -> bool:
+    import torch
 
-    def __call__(self, start: int, stop: int) -> dict[str, Any]:
-        """The rows ``order[start:stop]``, in that order."""
-        import torch
+    return (
+        isinstance(value, torch.Tensor)
+        and value.shape[1:] == out.shape[1:]
+        and value.dtype == out.dtype
+    )
 
-        index = self.order_of[start:stop]
-        starts = self.starts
-        ranks = np.argsort(index, kind="stable")
-        ordered = index[ranks]  # the batch's rows in the window's order
-        cuts = np.searchsorted(ordered, starts)
-        picks = [
-            (number, torch.from_numpy(ordered[cuts[number] : cuts[number + 1]] - starts[number]))
-            for number in range(len(self.chunks))
-            if cuts[number + 1] > cuts[number]
-        ]
-        places = np.empty_like(ranks)
-        places[ranks] = np.arange(len(ranks))  # where each row of the batch lies in ``ordered``
-        back = torch.from_numpy(places)
-        owner = None
-        out: dict[str, Any] = {}
-        for name, values, alike in self.columns:
-            if not alike:
-                if owner is None:
-                    owner = np.searchsorted(starts, index, side="right") - 1
-                out[name] = [values[c][i - starts[c]] for c, i in zip(owner, index, strict=True)]
-                continue
-            shape, dtype = (len(index), *values[0].shape[1:]), values[0].dtype
-            batch = self.buffers.take(name, shape, dtype)
-            if len(picks) == 1:  # one chunk: gathered in the order itself
-                number = picks[0][0]
-                picked = torch.from_numpy(index - starts[number])
-                torch.index_select(values[number], 0, picked, out=batch)
-            else:
-                scratch = self.buffers.take((name, "scratch"), shape, dtype)
-                for number, picked in picks:
-                    torch.index_select(
-                        values[number], 0, picked, out=scratch[cuts[number] : cuts[number + 1]]
-                    )
-                torch.index_select(scratch, 0, back, out=batch)
-            out[name] = batch
-        return out
+
+def _place(out: Any, rows: Any, where: np.ndarray) -> None:
+    """Write ``rows[i]`` to ``out[where[i]]`` (rows whose place is -1 are not taken)."""
+    import torch
+
+    if where.min(initial=0) < 0:  # a resumed window: its first rows were taken before
+        keep = where >= 0
+        rows, where = rows[torch.from_numpy(keep)], where[keep]
+    try:  # numpy writes rows to places at the speed of a gather; torch's index_copy_ is slower
+        out.numpy()[where] = rows.numpy()
+    except TypeError:  # a dtype numpy lacks (bfloat16)
+        out.index_copy_(0, torch.from_numpy(where), rows)

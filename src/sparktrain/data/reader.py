@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from sparktrain.data import order
-from sparktrain.data.blocks import Buffers, Shuffled, View, concat, rows_in
+from sparktrain.data.blocks import Buffers, View, concat, rows_in, shuffled
 from sparktrain.data.columns import pyarrow, to_tensors
 from sparktrain.data.remainder import Runs
 from sparktrain.data.sources import Source, Unit
@@ -126,12 +126,12 @@ def _slice(value: Any, start: int, stop: int | None) -> Any:
     return value[start:stop]
 
 
-def windows(stream: Stream) -> Iterator[View | Shuffled]:
+def windows(stream: Stream) -> Iterator[View]:
     """The worker's blocks of rows from the first unconsumed row, each in the order it is taken.
 
-    Shuffled, a block is a window: its chunks and its permuted order (:class:`Shuffled`). In
-    order, each decoded chunk is a block of its own (:class:`View`): batches are views of it,
-    or joined copies where they straddle two chunks.
+    Shuffled, a block is a window, its rows gathered in the permuted order
+    (:func:`~sparktrain.data.blocks.shuffled`). In order, each decoded chunk is a block of its
+    own. Batches are views of a block, or joined copies where they straddle two blocks.
     """
     source = stream.source
     unit_rows = [u.rows for u in source.units]
@@ -157,13 +157,13 @@ def windows(stream: Stream) -> Iterator[View | Shuffled]:
                     yield View({k: v[skip:] for k, v in chunk.items()} if skip else chunk)
                 skip = max(0, skip - length)
             continue
-        chunks = [c for p in pieces for c in cursor.read(p)]
+        chunks = (c for p in pieces for c in cursor.read(p))
         taking = order.window_permutation(
             hi - lo,
             seed=stream.seed, epoch=stream.epoch, rank=stream.rank, worker=stream.worker,
             window=number, leg=stream.leg,
         )  # fmt: skip
-        yield Shuffled(chunks, taking[skip:], buffers)
+        yield shuffled(chunks, taking[skip:], hi - lo, buffers)
 
 
 def batches(stream: Stream) -> Iterator[dict[str, Any]]:

@@ -120,16 +120,10 @@ def score(
     target = _output_path(output)
     source = as_source(data, storage_options)
     args = ScoringArgs(
-        input_cols=input_cols,
-        keep_cols=keep_cols,
-        output_col=output_col,
-        preprocess=preprocess,
-        batch_size=batch_size,
-        batch_tokens=batch_tokens,
-        rows_per_part=rows_per_part,
-        use_gpu=use_gpu,
-        autocast=autocast,
-    )
+        input_cols=input_cols, keep_cols=keep_cols, output_col=output_col, preprocess=preprocess,
+        batch_size=batch_size, batch_tokens=batch_tokens, rows_per_part=rows_per_part,
+        use_gpu=use_gpu, autocast=autocast,
+    )  # fmt: skip
     plan = make_plan(source, model, args)
     _check_apart(source, target)
     files.check_format(format, plan.output_schema())

@@ -57,6 +57,17 @@ def test_every_mode_yields_what_torch_workers_yield(data: Path, mode: str, worke
     assert flat == sorted(i for batch in in_process for i in batch) == list(range(ROWS))
 
 
+def test_torch_workers_hand_over_each_batch_alone(data: Path) -> None:
+    """A shuffled batch is a view of its window's buffer; through torch's worker queue (which
+    moves a tensor's whole storage to /dev/shm) each arrives holding its own rows only."""
+    loader = from_parquet(data, batch_size=32, world_size=1).loader(2, workers="torch")
+    got = list(loader)
+    assert sorted(i for b in got for i in b["id"].tolist()) == list(range(ROWS))
+    for batch in got:
+        for value in batch.values():
+            assert value.untyped_storage().nbytes() == value.nbytes
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_a_dataset_of_rows_is_batched_in_the_workers(data: Path, mode: str) -> None:
     loader = from_parquet(data, batch_size=None, world_size=1).loader(

@@ -37,21 +37,21 @@ def rows_in(batch: dict[str, Any]) -> int:
 
 
 class Buffers:
-    """Batch buffers, written again once nothing outside holds any part of them.
+    """Window buffers, written again once nothing outside holds any part of them.
 
     A shuffled window is gathered into one of these, and batches are views of it. A buffer is
     written again only when torch counts no other holder of its memory: no batch, no view of
     one, no numpy array, DLPack capsule or storage object made from one (torch's storage use
     count, an internal that torch's own CUDA-graph trees rely on, and Python's count of the
     storage object). Memory written again is warm (in the CPU's cache, its pages mapped), which
-    new memory is not. Without torch's count every batch is new memory.
+    new memory is not. Without torch's count every window is new memory.
 
     A buffer moved to shared memory is never written again: torch's own DataLoader workers (and
     ``torch.multiprocessing`` queues) hand a tensor over by moving its memory to ``/dev/shm``
     and sending the file, so the other process reads the very memory the buffer is.
     """
 
-    KEEP = 4  # buffers kept per column: a consumer holding more batches gets new memory
+    KEEP = 4  # buffers kept per column: a consumer holding batches of more windows gets new memory
 
     def __init__(self) -> None:
         import torch
@@ -65,11 +65,13 @@ class Buffers:
         import torch
 
         kept = self.kept.setdefault(key, [])
-        kept[:] = [b for b in kept if not b.untyped_storage().is_shared()]  # given away (above)
         for buffer in kept:
             fits = buffer.shape[1:] == shape[1:] and buffer.dtype == dtype
-            if fits and len(buffer) >= shape[0] and self._unheld(buffer):
+            unheld = fits and len(buffer) >= shape[0] and self._unheld(buffer)
+            # asked after: a batch being moved to shared memory is held until it is moved
+            if unheld and not buffer.untyped_storage().is_shared():
                 return buffer[: shape[0]]
+        kept[:] = [b for b in kept if not b.untyped_storage().is_shared()]  # given away (above)
         buffer = torch.empty(shape, dtype=dtype)
         if self.count is not None:
             if len(kept) >= self.KEEP:

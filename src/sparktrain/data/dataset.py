@@ -317,7 +317,7 @@ class StreamingDataset(IterableDataset[Any]):
         self._yielded = self._skip
         for item in self._produce(stream):
             self._yielded += 1
-            yield item
+            yield _own_shared(item)
 
     @contextlib.contextmanager
     def managed(self) -> Iterator[None]:
@@ -338,3 +338,22 @@ class StreamingDataset(IterableDataset[Any]):
         from sparktrain.data.loader import StreamingLoader
 
         return StreamingLoader(self, num_workers=num_workers, **options)
+
+
+def _own_shared(item: Any) -> Any:
+    """``item`` with each tensor that is a view of a larger buffer copied to shared memory.
+
+    torch's worker queue hands a tensor over by moving its whole storage to ``/dev/shm``; a
+    shuffled batch is a view of its window's buffer, so without this every batch in flight
+    would hold a whole window there. A tensor of shared memory of its own goes as it is.
+    """
+    import torch
+
+    if isinstance(item, dict):
+        return {k: _own_shared(v) for k, v in item.items()}
+    if isinstance(item, (tuple, list)) and not hasattr(item, "_fields"):
+        return type(item)(_own_shared(v) for v in item)
+    if isinstance(item, torch.Tensor) and item.untyped_storage().nbytes() > item.nbytes:
+        own = torch.empty(item.shape, dtype=item.dtype).share_memory_()  # type: ignore[no-untyped-call]
+        return own.copy_(item)
+    return item

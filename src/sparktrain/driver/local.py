@@ -43,17 +43,25 @@ class LocalBackend(Backend):
         With an active SparkSession whose driver has GPU resources, those are the GPUs
         (``use_gpu=True``, or ``None`` where CUDA sees GPUs), as in pyspark's local mode.
         """
-        topology = self.topology
-        if topology is None:
-            topology = detect_local(gpus=use_gpu is not False)
-            driver = driver_gpus() if use_gpu is not False else None
-            if driver is not None and (use_gpu is True or topology.gpus):
-                topology = dataclasses.replace(topology, gpus=driver)
+        topology = self.topology or local_topology(use_gpu)
         return make_plan(num_processes, topology=topology, use_gpu=use_gpu, name=name)
 
     def start(self, attempt: Attempt) -> Nodes:
         """Prepare the node and ask for its ranks."""
         return LocalNodes(attempt)
+
+
+def local_topology(use_gpu: object) -> Topology:
+    """This machine's CPUs and the GPUs a local launch gives its ranks.
+
+    With an active SparkSession whose driver has GPU resources, those are the GPUs
+    (``use_gpu=True``, or ``None`` where CUDA sees GPUs), as in pyspark's local mode.
+    """
+    topology = detect_local(gpus=use_gpu is not False)
+    driver = driver_gpus() if use_gpu is not False else None
+    if driver is not None and (use_gpu is True or topology.gpus):
+        topology = dataclasses.replace(topology, gpus=driver)
+    return topology
 
 
 class LocalNodes(Nodes):

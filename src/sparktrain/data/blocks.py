@@ -172,7 +172,7 @@ def _place(out: Any, rows: Any, where: np.ndarray) -> None:
     if where.min(initial=0) < 0:  # a resumed window: its first rows were taken before
         keep = where >= 0
         rows, where = rows[torch.from_numpy(keep)], where[keep]
-    try:  # numpy writes rows to places at the speed of a gather; torch's index_copy_ is slower
-        out.numpy()[where] = rows.numpy()
-    except TypeError:  # a dtype numpy lacks (bfloat16)
-        out.index_copy_(0, torch.from_numpy(where), rows)
+    # torch's copy, not numpy's row assignment: with numpy's in workers="threads" threads, the
+    # rank's own torch ops on the batches took 3x as long on 2 cores (equal with one intra-op
+    # thread in the rank; the cause is not the GIL, which both let go of)
+    out.index_copy_(0, torch.from_numpy(where), rows)

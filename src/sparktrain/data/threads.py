@@ -4,8 +4,9 @@ pyarrow releases the GIL while it reads and decodes, and torch while it copies a
 threads overlap much of a worker's work with the training step without a second process: the
 batches are the rank's own tensors (no copy, no shared memory), and the memory is the rank's.
 What holds the GIL (Python code in a ``transform``, the reader's bookkeeping) runs one thread at a
-time, so threads cannot spread a transform's Python over cores as worker processes do. On this
-2-core machine the two measured within its spread of each other (docs/data.md, "Workers").
+time, so threads cannot spread a transform's Python over cores as worker processes do. On a
+2-core machine threads were the faster of the two without a ``transform`` and the slower with
+one (docs/data.md, "Workers").
 
 Each thread has a bounded queue of ``prefetch`` batches; the threads are taken in turn, as
 processes are. The threads stop when the pass ends, breaks or fails; an error in a thread is

@@ -159,6 +159,38 @@ def test_rows_whose_width_changes_inside_a_window_keep_their_values(tmp_path: Pa
     assert seen != sorted(seen)  # shuffled
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_shuffled_rows_of_every_width_and_type_keep_their_values(
+    tmp_path: Path, workers: int
+) -> None:
+    """Rows are copied to their shuffled places as wider elements where their bytes allow (a
+    row of 12 bytes as 3 int32, of 32 as 2 complex128): each row still holds its own values."""
+    kinds = {"u3": (np.uint8, 3), "u12": (np.uint8, 12), "i5": (np.int16, 5)}
+    kinds |= {"f8": (np.float32, 8), "d3": (np.float64, 3), "b7": (np.bool_, 7)}
+    kinds |= {"nan": (np.uint8, 16)}  # each 8 bytes a signalling NaN's bits: copied bit for bit
+
+    def values(kind: Any, width: int, ids: np.ndarray) -> np.ndarray:
+        grid = ids[:, None] * 7 + np.arange(width)[None, :]
+        if width == 16:
+            grid[:, [6, 7, 14, 15]] = [0xF0, 0x7F, 0xF0, 0xFF]
+        return (grid % 2 == 0) if kind is np.bool_ else (grid % 256).astype(kind)
+
+    ids = np.arange(3000)
+    columns = {
+        name: pa.FixedSizeListArray.from_arrays(pa.array(values(k, w, ids).ravel()), w)
+        for name, (k, w) in kinds.items()
+    }
+    pq.write_table(pa.table({"id": ids, **columns}), tmp_path / "k.parquet", row_group_size=700)
+    ds = from_parquet(tmp_path, batch_size=128, shuffle_buffer=1000, world_size=1, rank=0)
+    seen = []
+    for batch in ds if workers == 0 else ds.loader(workers):
+        got = batch["id"].numpy()
+        for name, (kind, width) in kinds.items():
+            assert np.array_equal(batch[name].numpy(), values(kind, width, got)), name
+        seen += got.tolist()
+    assert sorted(seen) == ids.tolist() and seen != sorted(seen)
+
+
 def test_worker_turns_are_inverted() -> None:
     counts = [5, 5, 4]
     for consumed in range(sum(counts) + 1):

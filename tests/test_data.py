@@ -180,6 +180,7 @@ def test_shuffled_rows_of_every_width_and_type_keep_their_values(
         name: pa.FixedSizeListArray.from_arrays(pa.array(values(k, w, ids).ravel()), w)
         for name, (k, w) in kinds.items()
     }
+    columns["none"] = pa.array([[]] * len(ids), pa.list_(pa.int64()))  # rows of no values
     pq.write_table(pa.table({"id": ids, **columns}), tmp_path / "k.parquet", row_group_size=700)
     ds = from_parquet(tmp_path, batch_size=128, shuffle_buffer=1000, world_size=1, rank=0)
     seen = []
@@ -187,6 +188,7 @@ def test_shuffled_rows_of_every_width_and_type_keep_their_values(
         got = batch["id"].numpy()
         for name, (kind, width) in kinds.items():
             assert np.array_equal(batch[name].numpy(), values(kind, width, got)), name
+        assert batch["none"].shape == (len(got), 0)
         seen += got.tolist()
     assert sorted(seen) == ids.tolist() and seen != sorted(seen)
 

@@ -189,10 +189,13 @@ def _wide(rows: Any) -> Any:
     """
     import torch
 
-    if rows.dim() < 2 or not rows.is_contiguous() or len(rows) == 0:
-        return rows
+    if rows.dim() < 2 or not rows.is_contiguous() or rows.numel() == 0:
+        return rows  # (rows of no elements: nothing to widen)
     width = rows[0].numel() * rows.element_size()
     for size, kind in ((16, torch.complex128), (8, torch.int64), (4, torch.int32)):
         if width % size == 0 and rows.data_ptr() % size == 0:
-            return rows.reshape(len(rows), -1).view(kind)
+            try:
+                return rows.reshape(len(rows), -1).view(kind)
+            except RuntimeError:  # a storage offset torch will not view so
+                return rows
     return rows

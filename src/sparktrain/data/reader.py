@@ -1,7 +1,8 @@
 """One worker's stream: read its windows of row groups, shuffle them, cut them into batches.
 
 A worker holds at most one row group (the last one read, kept because the next window often
-starts inside it) and one window of rows as tensors: memory does not grow with the dataset.
+starts inside it), one window of rows as tensors and, reading ahead, a few decoded chunks:
+memory does not grow with the dataset.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from sparktrain.data.blocks import Buffers, View, concat, rows_in, shuffled
 from sparktrain.data.columns import pyarrow, to_tensors
 from sparktrain.data.remainder import Runs
 from sparktrain.data.sources import Source, Unit
+from sparktrain.data.threads import ThreadWorkers
 
 CHUNK_ROWS = 1024  # decoded rows at a time: 3 MB of 784 float32 rows stays in the L3 cache
 
@@ -126,52 +128,86 @@ def _slice(value: Any, start: int, stop: int | None) -> Any:
     return value[start:stop]
 
 
-def windows(stream: Stream) -> Iterator[View]:
-    """The worker's blocks of rows from the first unconsumed row, each in the order it is taken.
-
-    Shuffled, a block is a window, its rows gathered in the permuted order
-    (:func:`~sparktrain.data.blocks.shuffled`). In order, each decoded chunk is a block of its
-    own. Batches are views of a block, or joined copies where they straddle two blocks.
-    """
-    source = stream.source
-    unit_rows = [u.rows for u in source.units]
+def _spans(stream: Stream) -> Iterator[tuple[int, int, list[order.Piece]]]:
+    """Each window from the first unconsumed one: its number, its rows, and where they lie."""
+    unit_rows = [u.rows for u in stream.source.units]
     units = order.unit_order(
         len(unit_rows), seed=stream.seed, epoch=stream.epoch, shuffle=stream.shuffle
     )
-    cursor = _Cursor(source, stream.columns)
-    buffers = Buffers()
     size = stream.stop - stream.first
-    start_window, offset = divmod(stream.skip, stream.window)
-    for number in range(start_window, -(-size // stream.window)):
+    for number in range(stream.skip // stream.window, -(-size // stream.window)):
         lo = stream.first + number * stream.window
         hi = min(lo + stream.window, stream.stop)
         if stream.runs is None:
             pieces = order.pieces(units, unit_rows, lo, hi)
         else:  # a slice of what earlier legs of the epoch left
             pieces = order.spans(units, unit_rows, stream.runs.take(lo, hi).pairs())
-        skip = offset if number == start_window else 0
-        if not stream.shuffle:  # in order: the decoded chunks themselves, sliced (no copy)
-            for chunk in (c for p in pieces for c in cursor.read(p)):
-                length = rows_in(chunk)
-                if length > skip:
-                    yield View({k: v[skip:] for k, v in chunk.items()} if skip else chunk)
-                skip = max(0, skip - length)
-            continue
-        chunks = (c for p in pieces for c in cursor.read(p))
-        taking = order.window_permutation(
-            hi - lo,
-            seed=stream.seed, epoch=stream.epoch, rank=stream.rank, worker=stream.worker,
-            window=number, leg=stream.leg,
-        )  # fmt: skip
-        yield shuffled(chunks, taking[skip:], hi - lo, buffers)
+        yield number, hi - lo, pieces
 
 
-def batches(stream: Stream) -> Iterator[dict[str, Any]]:
-    """The worker's batches (or rows, without a batch size), from the first not yet consumed."""
+def _decoded(stream: Stream) -> Iterator[dict[str, Any]]:
+    """Every window's rows, decoded a chunk at a time, in the order they are read."""
+    cursor = _Cursor(stream.source, stream.columns)
+    for _, _, pieces in _spans(stream):
+        for piece in pieces:
+            yield from cursor.read(piece)
+
+
+def _next(chunks: Iterator[dict[str, Any]], rows: int) -> Iterator[dict[str, Any]]:
+    """The chunks of the next ``rows`` rows: one window's (no chunk straddles two)."""
+    while rows > 0:
+        chunk = next(chunks)
+        rows -= rows_in(chunk)
+        yield chunk
+
+
+def windows(stream: Stream, *, ahead: int = 0) -> Iterator[View]:
+    """The worker's blocks of rows from the first unconsumed row, each in the order it is taken.
+
+    Shuffled, a block is a window, its rows gathered in the permuted order
+    (:func:`~sparktrain.data.blocks.shuffled`). In order, each decoded chunk is a block of its
+    own. Batches are views of a block, or joined copies where they straddle two blocks.
+
+    With ``ahead``, a thread decodes up to that many chunks ahead of the rows taken: pyarrow
+    lets go of the GIL while it decodes, so decoding overlaps the placing of rows and the
+    consumer's work. The thread stops when the pass ends, breaks or fails, and an error it meets
+    is raised here, at the rows it would have read.
+    """
+    pool = ThreadWorkers(lambda _: _decoded(stream), 1, prefetch=ahead) if ahead else None
+    decoded = iter(pool) if pool is not None else _decoded(stream)
+    buffers = Buffers()
+    start_window, offset = divmod(stream.skip, stream.window)
+    try:
+        for number, read, _ in _spans(stream):
+            skip = offset if number == start_window else 0
+            chunks = _next(decoded, read)
+            if not stream.shuffle:  # in order: the decoded chunks themselves, sliced (no copy)
+                for chunk in chunks:
+                    length = rows_in(chunk)
+                    if length > skip:
+                        yield View({k: v[skip:] for k, v in chunk.items()} if skip else chunk)
+                    skip = max(0, skip - length)
+                continue
+            taking = order.window_permutation(
+                read,
+                seed=stream.seed, epoch=stream.epoch, rank=stream.rank, worker=stream.worker,
+                window=number, leg=stream.leg,
+            )  # fmt: skip
+            yield shuffled(chunks, taking[skip:], read, buffers)
+    finally:
+        if pool is not None:  # the pass ended, broke or failed: the thread stops
+            pool.close()
+
+
+def batches(stream: Stream, *, ahead: int = 0) -> Iterator[dict[str, Any]]:
+    """The worker's batches (or rows, without a batch size), from the first not yet consumed.
+
+    ``ahead``: chunks a thread decodes ahead (:func:`windows`).
+    """
     size = stream.batch_size
     pending: list[dict[str, Any]] = []  # the start of the next batch, joined once when full
     have = 0
-    for take in windows(stream):
+    for take in windows(stream, ahead=ahead):
         if size is None:
             for start in range(0, len(take), 1024):
                 part = take(start, start + 1024)

@@ -8,6 +8,7 @@ the loop.
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -93,7 +94,26 @@ def test_an_error_met_reading_ahead_is_raised_to_the_loop(tmp_path: Path) -> Non
     assert errors[0][0] is FileNotFoundError and 0 < len(errors[0][1]) < ROWS
 
 
-@pytest.mark.parametrize("bad", [-1, True, 1.5, "2"])
+def test_a_pass_reading_ahead_gives_its_thread_a_core_and_gives_it_back(data: Path) -> None:
+    """torch's intra-op threads spin while they wait: where they fill every core, the rank uses
+    one fewer while the thread reads, and as many as before once the pass ends or breaks."""
+    before = torch.get_num_threads()
+    cores = len(os.sched_getaffinity(0))
+    torch.set_num_threads(cores)
+    try:
+        for ahead, during in ((2, max(1, cores - 1)), (0, cores)):
+            dataset = from_parquet(data, batch_size=16, world_size=1, read_ahead=ahead)
+            seen = {torch.get_num_threads() for _ in dataset}
+            assert seen == {during} and torch.get_num_threads() == cores
+            for _ in dataset:
+                assert torch.get_num_threads() == during
+                break
+            assert torch.get_num_threads() == cores
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("bad", [-1, True, 1.5, "2", None])
 def test_a_bad_read_ahead_names_the_value(data: Path, bad: Any) -> None:
     with pytest.raises(ConfigError, match=f"read_ahead={bad!r} must be a whole number"):
         from_parquet(data, batch_size=16, world_size=1, read_ahead=bad)

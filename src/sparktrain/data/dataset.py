@@ -23,11 +23,9 @@ from sparktrain.data.columns import check_schema
 from sparktrain.data.reader import Stream, batches
 from sparktrain.data.sources import Source
 from sparktrain.data.state import Resume
+from sparktrain.data.threads import rank_threads
 from sparktrain.data.torch_workers import UNCOUNTED, SharedFlag, WorkerPlace
 from sparktrain.errors import ConfigError
-
-#: Chunks a DataLoader worker decodes ahead by default (``read_ahead=None``).
-READ_AHEAD = 2
 
 
 def _group() -> tuple[int, int]:
@@ -82,12 +80,13 @@ class StreamingDataset(IterableDataset[Any]):
         drop_last: Leave out each worker's last, short batch.
         transform: Called on every batch (in the DataLoader worker) and its result yielded:
             decode images, tokenise text (string and binary columns come as lists).
-        read_ahead: Chunks of rows (1,024 each) a thread decodes ahead of the reader, which
-            overlaps pyarrow's decoding with the rest of the work; ``0`` reads without a
-            thread. ``None`` (the default): 2 in DataLoader workers (``ds.loader``'s processes
-            and threads, and torch's workers), where it was 1.1x faster here, and 0 when the
-            dataset is iterated in the process: there the thread competes with the rank's own
-            torch threads for the cores (docs/data.md, "Reading ahead").
+        read_ahead: Chunks of rows (1,024 each) a thread decodes ahead of each reader (the
+            rank's, or each DataLoader worker's), overlapping pyarrow's decoding with the rest
+            of the work; ``0``: no thread. Iterated in the process, the thread needs a core:
+            while the pass runs, a rank whose torch threads fill every core uses one fewer (on
+            2 cores, 1 instead of 2), as with worker processes. Where each step is heavy CPU
+            work on few cores that costs more than it gives: pass ``0`` there (docs/data.md,
+            "Reading ahead").
         rank, world_size: Override the rank and group size found from the run.
     """
 
@@ -103,7 +102,7 @@ class StreamingDataset(IterableDataset[Any]):
         uneven: str = "pad",
         drop_last: bool = False,
         transform: Callable[[dict[str, Any]], Any] | None = None,
-        read_ahead: int | None = None,
+        read_ahead: int = 2,
         rank: int | None = None,
         world_size: int | None = None,
     ) -> None:
@@ -111,12 +110,9 @@ class StreamingDataset(IterableDataset[Any]):
         _positive("shuffle_buffer", shuffle_buffer)
         if uneven not in order.UNEVEN:
             raise ConfigError(f"uneven={uneven!r} must be one of {order.UNEVEN}.")
-        if read_ahead is not None and (
-            not isinstance(read_ahead, int) or isinstance(read_ahead, bool) or read_ahead < 0
-        ):
+        if not isinstance(read_ahead, int) or isinstance(read_ahead, bool) or read_ahead < 0:
             raise ConfigError(
-                f"read_ahead={read_ahead!r} must be a whole number of chunks >= 0 (0: no "
-                "thread), or None for the default."
+                f"read_ahead={read_ahead!r} must be a whole number of chunks >= 0 (0: no thread)."
             )
         if transform is not None and not callable(transform):
             raise ConfigError(f"transform={transform!r} must be a function of a batch dict.")
@@ -319,9 +315,10 @@ class StreamingDataset(IterableDataset[Any]):
             return
         stream = self.stream(0, 0)
         self._begin(0, None)
-        for item in self._produce(stream, in_worker=False):
-            self._count()
-            yield item
+        with rank_threads(1) if self.read_ahead else contextlib.nullcontext():
+            for item in self._produce(stream):
+                self._count()
+                yield item
         self._end()
 
     def _in_torch_worker(self, worker: int, workers: int) -> Iterator[Any]:
@@ -333,7 +330,7 @@ class StreamingDataset(IterableDataset[Any]):
             rows = self._skip * (self.batch_size or 1)
             stream = replace(stream, skip=min(stream.skip + rows, stream.stop - stream.first))
         self._yielded = self._skip
-        for item in self._produce(stream, in_worker=True):
+        for item in self._produce(stream):
             self._yielded += 1
             yield _own_shared(item)
 
@@ -346,11 +343,9 @@ class StreamingDataset(IterableDataset[Any]):
         finally:
             self._managed = False
 
-    def _produce(self, stream: Stream, *, in_worker: bool) -> Iterator[Any]:
-        transform, ahead = self.transform, self.read_ahead
-        if ahead is None:
-            ahead = READ_AHEAD if in_worker else 0
-        for batch in batches(stream, ahead=ahead):
+    def _produce(self, stream: Stream) -> Iterator[Any]:
+        transform = self.transform
+        for batch in batches(stream, ahead=self.read_ahead):
             yield transform(batch) if transform is not None else batch
 
     def loader(self, num_workers: int = 0, **options: Any) -> Any:

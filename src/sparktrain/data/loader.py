@@ -151,7 +151,7 @@ class StreamingLoader(DataLoader[Any]):
         data, workers, drop = self.streaming, self.num_workers, self.drop_last
 
         def produce(number: int) -> Iterator[Any]:  # in worker ``number``
-            items = data._produce(data.stream(number, workers), in_worker=True)
+            items = data._produce(data.stream(number, workers))
             return items if rows is None else _collated(items, rows, collate, drop)
 
         if self.handoff == "threads":

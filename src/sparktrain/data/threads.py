@@ -15,6 +15,8 @@ raised at the batch it would have been.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -97,3 +99,26 @@ class ThreadWorkers:
         self.stop.set()
         for thread in self.threads:
             thread.join(timeout=_JOIN)
+
+
+@contextlib.contextmanager
+def rank_threads(workers: int) -> Iterator[None]:
+    """While ``workers`` readers run beside the rank, its torch uses the cores they leave.
+
+    torch's intra-op threads wait for work by spinning: on 2 cores, a rank with 2 intra-op
+    threads and 2 worker processes ran at 0.64x a plain scan, and at 1.0x with 1 thread
+    (docs/data.md, "Workers"); a thread reading ahead in the rank lost to them the same way.
+    Never raised; put back when the pass ends, breaks or fails.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    wanted = max(1, min(before, (cores or 1) - workers))
+    if wanted != before:
+        torch.set_num_threads(wanted)
+    try:
+        yield
+    finally:
+        if wanted != before:
+            torch.set_num_threads(before)

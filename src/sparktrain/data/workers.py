@@ -34,6 +34,7 @@ from typing import Any
 
 from sparktrain import procfs
 from sparktrain.data.slots import Column, Slot, entries, layout, rebuild
+from sparktrain.data.threads import rank_threads
 from sparktrain.errors import ConfigError
 
 _HEADER = struct.Struct("!Q")
@@ -318,28 +319,6 @@ class ProcessWorkers:
 
 
 _ENDED = object()
-
-
-@contextlib.contextmanager
-def rank_threads(workers: int) -> Iterator[None]:
-    """While ``workers`` worker processes run, the rank's torch uses the cores they leave.
-
-    torch's intra-op threads wait for work by spinning: on 2 cores, a rank with 2 intra-op
-    threads and 2 workers ran at 0.64x a plain scan, and at 1.0x with 1 thread (docs/data.md,
-    "Workers"). Never raised; put back when the pass ends, breaks or fails.
-    """
-    import torch
-
-    before = torch.get_num_threads()
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    wanted = max(1, min(before, (cores or 1) - workers))
-    if wanted != before:
-        torch.set_num_threads(wanted)
-    try:
-        yield
-    finally:
-        if wanted != before:
-            torch.set_num_threads(before)
 
 
 def _failure(number: int, summary: str, text: str, pickled: bytes) -> BaseException:

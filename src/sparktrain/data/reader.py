@@ -128,27 +128,26 @@ def _slice(value: Any, start: int, stop: int | None) -> Any:
     return value[start:stop]
 
 
-def _spans(stream: Stream) -> Iterator[tuple[int, int, list[order.Piece]]]:
-    """Each window from the first unconsumed one: its number, its rows, and where they lie."""
-    unit_rows = [u.rows for u in stream.source.units]
-    units = order.unit_order(
-        len(unit_rows), seed=stream.seed, epoch=stream.epoch, shuffle=stream.shuffle
-    )
+def _windows(stream: Stream) -> Iterator[tuple[int, int, int]]:
+    """Each window from the first unconsumed one: its number, and its first and end position."""
     size = stream.stop - stream.first
     for number in range(stream.skip // stream.window, -(-size // stream.window)):
         lo = stream.first + number * stream.window
-        hi = min(lo + stream.window, stream.stop)
-        if stream.runs is None:
-            pieces = order.pieces(units, unit_rows, lo, hi)
-        else:  # a slice of what earlier legs of the epoch left
-            pieces = order.spans(units, unit_rows, stream.runs.take(lo, hi).pairs())
-        yield number, hi - lo, pieces
+        yield number, lo, min(lo + stream.window, stream.stop)
 
 
 def _decoded(stream: Stream) -> Iterator[dict[str, Any]]:
     """Every window's rows, decoded a chunk at a time, in the order they are read."""
+    unit_rows = [u.rows for u in stream.source.units]
+    units = order.unit_order(
+        len(unit_rows), seed=stream.seed, epoch=stream.epoch, shuffle=stream.shuffle
+    )
     cursor = _Cursor(stream.source, stream.columns)
-    for _, _, pieces in _spans(stream):
+    for _, lo, hi in _windows(stream):
+        if stream.runs is None:
+            pieces = order.pieces(units, unit_rows, lo, hi)
+        else:  # a slice of what earlier legs of the epoch left
+            pieces = order.spans(units, unit_rows, stream.runs.take(lo, hi).pairs())
         for piece in pieces:
             yield from cursor.read(piece)
 
@@ -178,8 +177,8 @@ def windows(stream: Stream, *, ahead: int = 0) -> Iterator[View]:
     buffers = Buffers()
     start_window, offset = divmod(stream.skip, stream.window)
     try:
-        for number, read, _ in _spans(stream):
-            skip = offset if number == start_window else 0
+        for number, lo, hi in _windows(stream):
+            skip, read = (offset if number == start_window else 0), hi - lo
             chunks = _next(decoded, read)
             if not stream.shuffle:  # in order: the decoded chunks themselves, sliced (no copy)
                 for chunk in chunks:

@@ -11,7 +11,9 @@ both, and PSS summed (each shared page split between its processes), the memory 
 Readers: a plain ``pyarrow`` ``iter_batches`` into tensors in one process (the limit of one
 core); ``sparktrain.data.from_parquet`` iterated in the process (shuffled, the default); and
 ``ds.loader(num_workers=2)`` with each hand-off: ``processes`` (the default: reused slots),
-``threads``, and ``torch`` (torch's own DataLoader workers).
+``threads``, and ``torch`` (torch's own DataLoader workers). Then the readers with a Python
+``transform``, and the reader in the process with and without reading ahead (``read_ahead``)
+under a light step (a sum) and heavier ones (matrix products).
 
     python benchmarks/data_workers.py                   # 200,000 and 1,000,000 rows
     python benchmarks/data_workers.py --rows 200000 --rounds 1   # a smoke test
@@ -68,7 +70,9 @@ def generate(folder: Path, rows: int) -> Path:
 CONSUMER = r"""
 import json, sys, time
 kind, path, python_work = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+step, ahead = sys.argv[4], int(sys.argv[5])  # the rank's work on each batch; read_ahead
 import torch
+weights = torch.randn(784, int(step)) if step != "sum" else None
 def tokenise(batch):  # Python work on every row, as a tokeniser or augmentation in Python does
     batch["n"] = torch.tensor([sum(range(300)) for _ in range(len(batch["label"]))])
     return batch
@@ -85,7 +89,8 @@ if kind == "plain":
 else:
     from sparktrain.data import from_parquet
     ds = from_parquet(
-        path, batch_size=256, world_size=1, rank=0, transform=tokenise if python_work else None
+        path, batch_size=256, world_size=1, rank=0, read_ahead=ahead,
+        transform=tokenise if python_work else None,
     )
     def batches():
         if kind == "in-process":
@@ -93,7 +98,7 @@ else:
         return iter(ds.loader(2, workers=kind))
 for batch in batches():
     features = batch["features"]
-    total += float(features.sum())
+    total += float(features.sum() if weights is None else (features @ weights).sum())
     if first is None:
         first, first_rows = time.monotonic(), len(features)
     rows += len(features)
@@ -136,10 +141,16 @@ def _memory(pids: list[int]) -> tuple[int, int]:
     return rss, pss
 
 
-def measure(kind: str, path: Path, python_work: bool = False) -> dict[str, Any]:
-    """One fresh consumer process reading one epoch; its rate and the tree's peak memory."""
+def measure(
+    kind: str, path: Path, python_work: bool = False, step: str = "sum", ahead: int = 2
+) -> dict[str, Any]:
+    """One fresh consumer process reading one epoch; its rate and the tree's peak memory.
+
+    ``step``: the consumer's work on each batch, ``"sum"`` or the width of a matrix product
+    (``"1024"``: a product with a 784 x 1,024 matrix); ``ahead``: sparktrain's ``read_ahead``.
+    """
     process = subprocess.Popen(
-        [sys.executable, "-c", CONSUMER, kind, str(path), str(int(python_work))],
+        [sys.executable, "-c", CONSUMER, kind, str(path), str(int(python_work)), step, str(ahead)],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -244,6 +255,36 @@ def transform_table(work: Path, rows: int, rounds: int) -> dict[str, float]:
     return rates
 
 
+def ahead_table(work: Path, rows: int, rounds: int) -> dict[str, dict[str, float]]:
+    """The reader in the process with and without reading ahead, under lighter and heavier steps.
+
+    Each x is against the plain scan with the same step, in the same rounds.
+    """
+    path = generate(work, rows)
+    steps = {"sum": "a sum", "128": "a 784 x 128 matrix product", "1024": "a 784 x 1,024 one"}
+    readers = (("plain", 0), ("in-process", 0), ("in-process", 2))
+    runs: dict[str, dict[str, list[float]]] = {
+        s: {f"{k} {a}": [] for k, a in readers} for s in steps
+    }
+    for _ in range(rounds):
+        for step in steps:
+            for kind, ahead in readers:
+                found = measure(kind, path, step=step, ahead=ahead)["rate"]
+                runs[step][f"{kind} {ahead}"].append(found)
+    rates = {s: {k: statistics.median(v) for k, v in found.items()} for s, found in runs.items()}
+    print(f"\nReading ahead in the process ({rows:,} rows), x the plain scan with the same step:\n")
+    print("| the consumer's work on each batch | plain rows/s | read_ahead=0 | read_ahead=2 |")
+    print("| --- | ---: | ---: | ---: |")
+    for step, label in steps.items():
+        found = rates[step]
+        plain = found["plain 0"]
+        print(
+            f"| {label} | {plain:,.0f} | {found['in-process 0'] / plain:.2f} | "
+            f"{found['in-process 2'] / plain:.2f} |"
+        )
+    return rates
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default="200000,1000000", help="sizes, comma-separated")
@@ -255,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     table(work, sizes, args.rounds)
     if sizes:
         transform_table(work, sizes[0], args.rounds)
+        ahead_table(work, sizes[0], args.rounds)
     return 0
 
 

@@ -8,7 +8,10 @@ the loop.
 
 from __future__ import annotations
 
+import gc
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -111,6 +114,62 @@ def test_a_pass_reading_ahead_gives_its_thread_a_core_and_gives_it_back(data: Pa
             assert torch.get_num_threads() == cores
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_pass_ended_on_another_thread_gives_the_cores_back_at_the_next(data: Path) -> None:
+    """torch's thread count is per thread: a pass freed on another thread (the cyclic garbage
+    collector runs wherever Python allocates, a reading thread too) cannot put the rank's back
+    there; the rank's next pass does. Nothing is left running and nothing is raised."""
+    before, cores = torch.get_num_threads(), len(os.sched_getaffinity(0))
+    unraisable: list[Any] = []
+    hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+    torch.set_num_threads(cores)
+    try:
+        dataset = from_parquet(data, batch_size=16, world_size=1, shuffle_buffer=200)
+        batches = iter(dataset)
+        next(batches)
+        closer = threading.Thread(target=batches.close)
+        closer.start()
+        closer.join()
+        for _ in range(10):  # passes dropped in a reference cycle, freed by the collector
+            holder: dict[str, Any] = {"batches": iter(dataset)}
+            holder["self"] = holder
+            next(holder["batches"])
+            del holder
+            assert len(list(from_parquet(data, batch_size=16, world_size=1))) > 0
+        gc.collect()
+        assert len(list(dataset)) == len(dataset)  # the next pass puts the count back
+        assert torch.get_num_threads() == cores and not _readers() and not unraisable
+    finally:
+        sys.unraisablehook = hook
+        torch.set_num_threads(before)
+
+
+_OPEN_AT_EXIT = """
+import sys
+from sparktrain.data import from_parquet
+batches = iter(from_parquet(sys.argv[1], batch_size=16, world_size=1, shuffle_buffer=200))
+next(batches)
+if sys.argv[2] == "fail":
+    raise RuntimeError("the step failed")
+print("done")
+"""
+
+
+@pytest.mark.parametrize("end", ["exit", "fail"])
+def test_a_pass_still_open_when_python_exits_ends_the_process_cleanly(data: Path, end: str) -> None:
+    """A daemon thread holding a tensor while Python tears down aborts the process (SIGABRT,
+    'terminate called without an active exception'): open passes are stopped first."""
+    for _ in range(2):
+        done = subprocess.run(
+            [sys.executable, "-c", _OPEN_AT_EXIT, str(data), end],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert "terminate called" not in done.stderr
+        if end == "exit":
+            assert done.returncode == 0 and done.stdout.strip() == "done", done.stderr
+        else:
+            assert done.returncode == 1 and "RuntimeError: the step failed" in done.stderr
 
 
 @pytest.mark.parametrize("bad", [-1, True, 1.5, "2", None])

@@ -15,10 +15,13 @@ raised at the batch it would have been.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import queue
+import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -27,6 +30,21 @@ _END = object()
 _POLL = 0.1
 #: Seconds to wait for a stopping thread.
 _JOIN = 30.0
+#: Seconds to wait for each when the interpreter exits.
+_EXIT_JOIN = 5.0
+#: Pools whose threads may still run: stopped before the interpreter exits, since a daemon
+#: thread that holds a tensor when Python tears it down aborts the process (SIGABRT).
+_LIVE: weakref.WeakSet[ThreadWorkers] = weakref.WeakSet()
+#: The torch thread counts to put back on a thread, where a pass ended on another one.
+_PUT_BACK: dict[int, tuple[int, int]] = {}
+
+
+def _stop_all() -> None:
+    for pool in list(_LIVE):
+        pool.close(timeout=_EXIT_JOIN)
+
+
+atexit.register(_stop_all)
 
 
 class _Failed:
@@ -41,7 +59,7 @@ class ThreadWorkers:
         self, produce: Callable[[int], Iterator[Any]], workers: int, *, prefetch: int = 2
     ) -> None:
         """Start the threads."""
-        self.stop = threading.Event()
+        self.stop, self.closed = threading.Event(), False
         self.queues: list[queue.Queue[Any]] = [
             queue.Queue(max(1, prefetch)) for _ in range(workers)
         ]
@@ -51,6 +69,7 @@ class ThreadWorkers:
             )
             for n in range(workers)
         ]
+        _LIVE.add(self)
         for thread in self.threads:
             thread.start()
 
@@ -91,14 +110,22 @@ class ThreadWorkers:
         finally:
             self.close()
 
-    def close(self) -> None:
+    def close(self, timeout: float = _JOIN) -> None:
         """Stop the threads and wait for them: each stops at its next batch.
 
         A daemon thread stuck in a read is left to the process's end, not waited on for ever.
+        (Closed by one of its own threads, when the garbage collector runs there, that thread
+        stops by itself.)
         """
+        if self.closed:  # (again, as the interpreter exits: this module may be torn down)
+            return
+        self.closed = True
         self.stop.set()
+        _LIVE.discard(self)
+        me = threading.current_thread()
         for thread in self.threads:
-            thread.join(timeout=_JOIN)
+            if thread is not me:
+                thread.join(timeout=timeout)
 
 
 @contextlib.contextmanager
@@ -108,17 +135,26 @@ def rank_threads(workers: int) -> Iterator[None]:
     torch's intra-op threads wait for work by spinning: on 2 cores, a rank with 2 intra-op
     threads and 2 worker processes ran at 0.64x a plain scan, and at 1.0x with 1 thread
     (docs/data.md, "Workers"); a thread reading ahead in the rank lost to them the same way.
-    Never raised; put back when the pass ends, breaks or fails.
+    Never raised; put back when the pass ends, breaks or fails. torch's count is the calling
+    thread's: where the pass ends on another thread (the garbage collector freed it there), the
+    count is put back when this thread starts its next pass.
     """
     import torch
 
+    owner, finalizing, threads = threading.get_ident(), sys.is_finalizing, torch.set_num_threads
+    lowered, back = _PUT_BACK.pop(owner, (0, 0))
+    if lowered and torch.get_num_threads() == lowered:  # (unless changed since)
+        threads(back)
     before = torch.get_num_threads()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     wanted = max(1, min(before, (cores or 1) - workers))
     if wanted != before:
-        torch.set_num_threads(wanted)
+        threads(wanted)
     try:
         yield
     finally:
-        if wanted != before:
-            torch.set_num_threads(before)
+        if wanted != before and not finalizing():
+            if threading.get_ident() == owner:
+                threads(before)
+            else:
+                _PUT_BACK[owner] = (wanted, before)

@@ -112,6 +112,11 @@ def test_a_pass_reading_ahead_gives_its_thread_a_core_and_gives_it_back(data: Pa
                 assert torch.get_num_threads() == during
                 break
             assert torch.get_num_threads() == cores
+            for number, _ in enumerate(dataset):  # a count set inside the loop is kept
+                if number == 1:
+                    torch.set_num_threads(cores + 1)
+            assert torch.get_num_threads() == cores + 1
+            torch.set_num_threads(cores)
     finally:
         torch.set_num_threads(before)
 

@@ -135,7 +135,8 @@ def rank_threads(workers: int) -> Iterator[None]:
     torch's intra-op threads wait for work by spinning: on 2 cores, a rank with 2 intra-op
     threads and 2 worker processes ran at 0.64x a plain scan, and at 1.0x with 1 thread
     (docs/data.md, "Workers"); a thread reading ahead in the rank lost to them the same way.
-    Never raised; put back when the pass ends, breaks or fails. torch's count is the calling
+    Never raised; put back when the pass ends, breaks or fails, unless the count was set to
+    another inside the pass (that one is kept). torch's count is the calling
     thread's: where the pass ends on another thread (the garbage collector freed it there), the
     count is put back when this thread starts its next pass.
     """
@@ -154,7 +155,7 @@ def rank_threads(workers: int) -> Iterator[None]:
         yield
     finally:
         if wanted != before and not finalizing():
-            if threading.get_ident() == owner:
-                threads(before)
-            else:
+            if threading.get_ident() != owner:
                 _PUT_BACK[owner] = (wanted, before)
+            elif torch.get_num_threads() == wanted:  # (a count set inside the loop is kept)
+                threads(before)

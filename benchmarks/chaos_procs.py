@@ -20,7 +20,7 @@ from pathlib import Path
 
 from _common import cmdline, tagged_processes
 
-from sparktrain import procfs
+from sparktrain.ground import procfs
 
 FORKSERVER = "sparktrain.node.forkserver"
 

@@ -76,7 +76,7 @@ from _common import (
     stop_strays,
 )
 
-from sparktrain.procfs import parent_of
+from sparktrain.ground.procfs import parent_of
 
 ROWS = 160  # the epoch: 20 steps on 2 ranks, or 5 steps on 2 then 30 on 1 after the kill
 BATCH = 4

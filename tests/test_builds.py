@@ -21,7 +21,8 @@ import cloudpickle
 import pytest
 
 from conftest import ROOT, alive, wait_gone
-from sparktrain import HangError, LocalCluster, buildlock, launch
+from sparktrain import HangError, LocalCluster, launch
+from sparktrain.ground import buildlock
 from sparktrain.rank import stores
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # ranks import no pytest: short clocks
@@ -77,7 +78,7 @@ def hold_lock(path: Path) -> subprocess.Popen[str]:
     """Another process that takes the lock as a sparktrain builder does, and keeps it."""
     code = textwrap.dedent(f"""
         import time
-        from sparktrain import buildlock
+        from sparktrain.ground import buildlock
         fd = buildlock.create({str(path)!r})
         print("held" if fd is not None else "taken", flush=True)
         time.sleep(1000)
@@ -243,7 +244,7 @@ launch(stress_patterns.deepspeed_engine, num_processes=2, use_gpu=False)
 
 def _compiling(root: int) -> bool:
     """Whether a compiler runs under process ``root`` (the build has begun, not just its lock)."""
-    from sparktrain import procfs
+    from sparktrain.ground import procfs
 
     for pid in procfs.descendants(root):
         try:

@@ -24,17 +24,17 @@ from sparktrain import (
     TrainingFailedError,
     TrainingTimeoutError,
 )
+from sparktrain.backends.base import Attempt, Backend, Nodes, Polled
 from sparktrain.contract.outcome import NodeOutcome, RankExit
 from sparktrain.contract.paths import error_path, result_path
 from sparktrain.contract.report import NodeReport, node_report
 from sparktrain.driver import capacity
 from sparktrain.driver import follow as follow_module
-from sparktrain.driver.backend import Attempt, Backend, Nodes, Polled
 from sparktrain.driver.capacity import watch_capacity
 from sparktrain.driver.elastic import run_attempts
 from sparktrain.driver.monitor import Monitor
 from sparktrain.driver.results import GrowingBack, RunResult, finish
-from sparktrain.errors import CapacityError, RankFailure, StackSite
+from sparktrain.ground.errors import CapacityError, RankFailure, StackSite
 from sparktrain.launchplan.layout import LaunchPlan, make_plan
 from sparktrain.launchplan.options import RunOptions
 from sparktrain.launchplan.topology import Topology
@@ -371,8 +371,11 @@ def test_the_grow_watch_asks_once_when_more_fits(monkeypatch: pytest.MonkeyPatch
     assert asked == ["grow"]
 
 
+GROW_BACK = "sparktrain.ground.errors.GrowBack"
+
+
 def test_finish_turns_every_rank_stopping_to_grow_into_grow_back() -> None:
-    grow = RankFailure(0, "h", 1.0, "sparktrain.errors.GrowBack", "checkpoint step 4 is saved")
+    grow = RankFailure(0, "h", 1.0, GROW_BACK, "checkpoint step 4 is saved")
     other = dataclasses.replace(grow, rank=1)
     assert _finish([_report(0, (0, 1), failures={0: grow, 1: other})]) == GrowingBack(4, 1.0)
     with pytest.raises(TrainingFailedError):  # a real failure beside it wins
@@ -380,7 +383,7 @@ def test_finish_turns_every_rank_stopping_to_grow_into_grow_back() -> None:
 
 
 def test_growing_survives_peers_that_saw_the_others_leave() -> None:
-    grow = RankFailure(0, "h", 1.0, "sparktrain.errors.GrowBack", "checkpoint step 4 is saved")
+    grow = RankFailure(0, "h", 1.0, GROW_BACK, "checkpoint step 4 is saved")
     reset = RankFailure(1, "h", 1.1, "RuntimeError", "[gloo] Connection reset by peer")
     assert isinstance(_finish([_report(0, (0, 1), failures={0: grow, 1: reset})]), GrowingBack)
 

@@ -271,8 +271,8 @@ def _drop_node_channel(folder: Path, driver: int) -> str:
     deadline = time.monotonic() + 60
     while not (folder / "pid-1").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    server = sparktrain.procfs.parent_of(int((folder / "pid-1").read_text()))
-    node = sparktrain.procfs.parent_of(server or 0)
+    server = sparktrain.ground.procfs.parent_of(int((folder / "pid-1").read_text()))
+    node = sparktrain.ground.procfs.parent_of(server or 0)
 
     def sockets(pid: int | None, *state: str) -> list[list[str]]:
         command = ["ss", "-tnpH", *state]

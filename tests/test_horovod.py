@@ -12,7 +12,7 @@ import torch
 
 from conftest import EXAMPLES
 from sparktrain import ConfigError, HorovodRunner, TorchDistributor, TrainingFailedError
-from sparktrain.horovod.unsupported import HorovodUnsupportedError
+from sparktrain.horovod.torch.unsupported import HorovodUnsupportedError
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 sys.path.insert(0, str(EXAMPLES))
@@ -221,7 +221,7 @@ def test_np_positive_runs_on_spark_executors(spark: object) -> None:
 def test_adasum_sums_orthogonal_and_averages_parallel_tensors() -> None:
     """Horovod's definition (docs/adasum_user_guide.rst): a sum for orthogonal gradients, an
     average for parallel ones."""
-    from sparktrain.horovod import adasum
+    from sparktrain.horovod.torch import adasum
 
     a, b = torch.tensor([1.0, 0.0, 0.0]), torch.tensor([0.0, 2.0, 0.0])
     assert torch.allclose(adasum.combine(a, b), a + b)
@@ -234,7 +234,7 @@ def test_adasum_sums_orthogonal_and_averages_parallel_tensors() -> None:
 def _adasum_ranks() -> dict[str, object]:
     import horovod.torch as hvd
 
-    from sparktrain.horovod import adasum
+    from sparktrain.horovod.torch import adasum
 
     hvd.init()
     rank, size = hvd.rank(), hvd.size()

@@ -126,7 +126,7 @@ def test_a_public_name_is_declared_in_one_table() -> None:
 
 def test_every_front_door_documents_every_run_option() -> None:
     """The docstrings list the options from RunOptions' fields, so none is ever missing."""
-    from sparktrain.compat.horovod_run import run as horovod_run
+    from sparktrain.horovod.runner import run as horovod_run
     from sparktrain.inference import score
     from sparktrain.launchplan.options import NAMES, OPTIONS_MARK
 

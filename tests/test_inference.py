@@ -27,7 +27,7 @@ pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
 from sparktrain.inference import score  # noqa: E402
-from sparktrain.inference.parts import plan_parts  # noqa: E402
+from sparktrain.inference.rank.parts import plan_parts  # noqa: E402
 
 WIDTH = 8
 
@@ -350,7 +350,7 @@ def test_row_groups_the_filter_rules_out_are_not_read(tmp_path: Path) -> None:
     import pyarrow.compute as pc
 
     from sparktrain.inference.planning import as_source
-    from sparktrain.inference.reading import _may_match
+    from sparktrain.inference.rank.reading import _may_match
 
     data = write_features(tmp_path / "in", files=2)
     source = as_source(data)

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, alive, wait_gone
-from sparktrain import launch, procfs
+from sparktrain import launch
+from sparktrain.ground import procfs
 from sparktrain.rank import rundirs
 
 sys.path.insert(0, str(ROOT / "benchmarks"))

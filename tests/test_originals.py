@@ -268,7 +268,7 @@ def test_horovod_run_refuses_what_a_launch_cannot_do(option: dict[str, Any], nam
 def test_horovod_options_at_harmless_values_are_accepted() -> None:
     """Horovod's default hosts (localhost:<num_proc>), falsy use_mpi, any use_gloo and the
     launcher's tuning options pass the check (which starts nothing)."""
-    from sparktrain.compat.horovod_run import check_horovod_options
+    from sparktrain.horovod.runner import check_horovod_options
 
     harmless = {
         "hosts": "localhost:2", "hostfile": None, "use_mpi": False, "use_gloo": True,

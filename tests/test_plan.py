@@ -207,7 +207,7 @@ def test_cluster_plan_errors(facts: ClusterFacts, num: int, use_gpu: object, pat
     assert isinstance(raised.value, ClusterConfigError)
 
 
-from sparktrain.driver import spark_slots  # noqa: E402
+from sparktrain.backends.spark import slots as spark_slots  # noqa: E402
 from sparktrain.launchplan.layout import check_slots  # noqa: E402
 
 AUTOSCALING = "spark.databricks.clusterUsageTags.clusterScalingType"
@@ -328,9 +328,9 @@ class _Context:
 
 
 def test_task_gpu_addresses_must_be_plain_integers(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sparktrain.backends.spark.node.task import _gpus
     from sparktrain.contract.spec import NodeSpec
     from sparktrain.launchplan.options import RunOptions
-    from sparktrain.node.spark_task import _gpus
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     spec = NodeSpec(
@@ -350,10 +350,10 @@ def test_a_spark_gpu_address_is_a_position_in_the_executors_cuda_visible_devices
     """pyspark's _get_gpus_owned and spark-tensorflow-distributor read address i as the i-th
     entry of an existing CUDA_VISIBLE_DEVICES (their tests: addresses 0,1,2 with
     CUDA_VISIBLE_DEVICES=3,4,5 are GPUs 3,4,5)."""
+    from sparktrain.backends.spark.node.task import _gpus
     from sparktrain.contract.spec import NodeSpec
     from sparktrain.launchplan.options import RunOptions
     from sparktrain.launchplan.topology import spark_gpus
-    from sparktrain.node.spark_task import _gpus
 
     assert spark_gpus(["0", "1", "2"], ("3", "4", "5")) == ("3", "4", "5")
     assert spark_gpus(["2"], None) == ("2",)

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from sparktrain.cli import main
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
 from sparktrain.planner import (
     STRATEGIES,
     Activations,

@@ -12,7 +12,7 @@ import itertools
 import pytest
 
 from sparktrain import ClusterError, ConfigError, TrainingFailedError, TrainingTimeoutError
-from sparktrain.errors import CapacityError, ClusterConfigError, HangError, RankFailure
+from sparktrain.ground.errors import CapacityError, ClusterConfigError, HangError, RankFailure
 from sparktrain.launchplan.options import RunOptions
 from sparktrain.launchplan.policy import Decision, Ended, Tally, decide, ended_by
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from conftest import alive, wait_gone
-from sparktrain import ClusterError, launch, proctree
+from sparktrain import ClusterError, launch
+from sparktrain.ground import proctree
 from sparktrain.node import warm
 
 

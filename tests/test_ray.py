@@ -18,7 +18,7 @@ import torch
 import test_faults
 from conftest import EXAMPLES, free_port, wait_gone
 from sparktrain import ConfigError, TorchDistributor, TrainingFailedError, launch
-from sparktrain.driver.ray import RayNode, make_ray_plan, placement
+from sparktrain.backends.ray.backend import RayNode, make_ray_plan, placement
 
 # Ray's workers do not have tests/ or examples/ on their path: ship these modules by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -68,7 +68,7 @@ def ray_address() -> Iterator[str]:
     pytest.importorskip("ray")
     saved = os.environ.get("RAY_AUTH_MODE")
     os.environ["RAY_AUTH_MODE"] = "disabled"
-    from sparktrain.ray import procs
+    from sparktrain.backends.ray import procs
 
     temp_dir = tempfile.mkdtemp(prefix="st-ray-", dir="/tmp")  # Ray's socket paths must be short
     port = free_port()

@@ -13,8 +13,8 @@ import pytest
 
 pytest.importorskip("ray")
 
-from sparktrain import procfs
-from sparktrain.ray import procs
+from sparktrain.backends.ray import procs
+from sparktrain.ground import procfs
 
 CALLER = """
 import os, sys, time

@@ -71,7 +71,7 @@ def test_run_options_travel_to_the_executors(spark: object) -> None:
 def test_the_distributor_plans_once_and_runs_that_plan(
     spark: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sparktrain.driver import spark as spark_backend
+    from sparktrain.backends.spark import backend as spark_backend
 
     asked: list[object] = []
     plan = spark_backend.make_cluster_plan
@@ -132,7 +132,7 @@ def test_more_ranks_than_slots_construct_and_the_run_refuses_them(
     whatever the cluster's size. The run counts the 2 slots; this cluster cannot grow, so it is
     refused after the moment given to executors still registering (shortened here), saying
     nothing while it waits."""
-    from sparktrain.driver import spark_slots
+    from sparktrain.backends.spark import slots as spark_slots
 
     monkeypatch.setattr(spark_slots, "SLOT_WAIT_SECONDS", 0.5)
     distributor = TorchDistributor(100, local_mode=False, use_gpu=False)
@@ -157,7 +157,7 @@ def test_a_cluster_that_can_grow_is_waited_for_then_refused(
     """A Databricks autoscaling cluster (its tag set on the session), with a 2 s bound set by
     the conf: the run says once that it waits, counts the slots again, then is refused with the
     same message and the wait."""
-    from sparktrain.driver.spark_slots import GROW_WAIT_CONF
+    from sparktrain.backends.spark.slots import GROW_WAIT_CONF
 
     tag = "spark.databricks.clusterUsageTags.clusterScalingType"
     spark.conf.set(tag, "autoscaling")
@@ -438,7 +438,7 @@ def test_pipeline_stages_across_two_executors(spark: object) -> None:
 
 
 def test_executors_without_sparktrain_are_told_what_to_set() -> None:
-    from sparktrain.driver.spark import summarise_job_error
+    from sparktrain.backends.spark.job import summarise_job_error
 
     text = (  # the shape of the real failure (a local master whose Python is /usr/bin/python3)
         "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"

@@ -14,9 +14,9 @@ from sparktrain import ConfigError
 pa = pytest.importorskip("pyarrow")
 pytest.importorskip("pyspark")
 
-from sparktrain.inference import outputs  # noqa: E402
+from sparktrain.inference.rank import outputs  # noqa: E402
 from sparktrain.spark import scoring, tasks  # noqa: E402
-from sparktrain.spark.scoring import Where, input_tensors  # noqa: E402
+from sparktrain.spark.rank.scoring import Where, input_tensors  # noqa: E402
 
 
 def test_output_specs_and_spark_types() -> None:
@@ -168,7 +168,7 @@ def test_input_columns_become_tensors_in_the_models_dtype() -> None:
 
 
 def test_metrics_match_their_definitions() -> None:
-    from sparktrain.spark.loop import metrics
+    from sparktrain.spark.rank.loop import metrics
 
     g = torch.Generator().manual_seed(0)
     score = torch.randn(200, generator=g)
@@ -191,7 +191,7 @@ def test_metrics_match_their_definitions() -> None:
 
 
 def test_metric_and_control_values_are_checked_with_the_fix() -> None:
-    from sparktrain.spark.loop import controls, metrics
+    from sparktrain.spark.rank.loop import controls, metrics
 
     with pytest.raises(ConfigError, match="unknown metric 'acc'; choose from accuracy"):
         metrics.resolve(["acc"])
@@ -206,7 +206,7 @@ def test_metric_and_control_values_are_checked_with_the_fix() -> None:
 
 
 def test_early_stopping_keeps_the_best_state_and_counts_patience() -> None:
-    from sparktrain.spark.loop.controls import EarlyStopping
+    from sparktrain.spark.rank.loop.controls import EarlyStopping
 
     stopper = EarlyStopping("val_loss", "min", patience=2, min_delta=0.05)
     assert not stopper.update(0, {"val_loss": 1.0}, {"w": 0})
@@ -252,7 +252,7 @@ def test_the_task_param_decides_how_labels_of_a_custom_loss_are_read() -> None:
 
 
 def test_binary_and_multiclass_metrics_follow_the_output_not_the_rows_present() -> None:
-    from sparktrain.spark.loop import metrics
+    from sparktrain.spark.rank.loop import metrics
 
     three = torch.tensor([[2.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.0, 2.0, 0.0]])
     labels = torch.tensor([0.0, 1.0, 0.0])  # class 2 absent: still a macro mean, over 0 and 1

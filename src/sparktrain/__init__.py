@@ -9,39 +9,40 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from sparktrain._version import __version__ as __version__
-from sparktrain.errors import (
+from sparktrain.ground.errors import (
     CapacityError as CapacityError,
 )
-from sparktrain.errors import (
+from sparktrain.ground.errors import (
     ClusterConfigError as ClusterConfigError,
 )
-from sparktrain.errors import (
+from sparktrain.ground.errors import (
     ClusterError as ClusterError,
 )
-from sparktrain.errors import (
+from sparktrain.ground.errors import (
     ConfigError as ConfigError,
 )
-from sparktrain.errors import (
+from sparktrain.ground.errors import (
     HangError as HangError,
 )
-from sparktrain.errors import (
+from sparktrain.ground.errors import (
     RankFailure as RankFailure,
 )
-from sparktrain.errors import (
+from sparktrain.ground.errors import (
     SparkJobError as SparkJobError,
 )
-from sparktrain.errors import (
+from sparktrain.ground.errors import (
     TrainingFailedError as TrainingFailedError,
 )
-from sparktrain.errors import (
+from sparktrain.ground.errors import (
     TrainingTimeoutError as TrainingTimeoutError,
 )
+from sparktrain.ground.version import __version__ as __version__
 
 if TYPE_CHECKING:
     from sparktrain import checkpoint as checkpoint
     from sparktrain import elastic as elastic
     from sparktrain import tuning as tuning
+    from sparktrain.backends.local_cluster.cluster import LocalCluster as LocalCluster
     from sparktrain.compat.decorator import distributed as distributed
     from sparktrain.compat.deepspeed_distributor import (
         DeepspeedTorchDistributor as DeepspeedTorchDistributor,
@@ -52,7 +53,6 @@ if TYPE_CHECKING:
     from sparktrain.contract.env import restart_count as restart_count
     from sparktrain.driver.inplace import preempt as preempt
     from sparktrain.driver.launch import launch as launch
-    from sparktrain.driver.local_cluster import LocalCluster as LocalCluster
     from sparktrain.driver.results import Rescale as Rescale
     from sparktrain.driver.results import RunResult as RunResult
     from sparktrain.launchplan.layout import LaunchPlan as LaunchPlan
@@ -111,7 +111,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "restart_count": ("sparktrain.contract.env", "restart_count"),
     "preempt": ("sparktrain.driver.inplace", "preempt"),
     "launch": ("sparktrain.driver.launch", "launch"),
-    "LocalCluster": ("sparktrain.driver.local_cluster", "LocalCluster"),
+    "LocalCluster": ("sparktrain.backends.local_cluster.cluster", "LocalCluster"),
     "Rescale": ("sparktrain.driver.results", "Rescale"),
     "RunResult": ("sparktrain.driver.results", "RunResult"),
     "LaunchPlan": ("sparktrain.launchplan.layout", "LaunchPlan"),

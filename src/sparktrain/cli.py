@@ -12,8 +12,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from sparktrain._version import __version__
-from sparktrain.errors import ConfigError, TrainingFailedError
+from sparktrain.ground.errors import ConfigError, TrainingFailedError
+from sparktrain.ground.version import __version__
 
 if TYPE_CHECKING:
     from sparktrain.planner import Activations, MemoryPlan
@@ -219,7 +219,7 @@ def _plan(options: argparse.Namespace) -> str:
             "or --advise-cluster to be told which GPUs and how many."
         )
     if options.advise_cluster:
-        from sparktrain.planner.render import advice_to_dict
+        from sparktrain.planner.cluster import advice_to_dict
 
         advice = advise_cluster(
             model,

@@ -28,8 +28,9 @@ from typing import Any, Generic, TypeVar, overload
 
 from typing_extensions import ParamSpec, Unpack
 
-from sparktrain.driver.backend import Backend, check_backend
-from sparktrain.errors import ConfigError
+from sparktrain.backends.base import Backend
+from sparktrain.backends.registry import BackendName, check_backend
+from sparktrain.ground.errors import ConfigError
 from sparktrain.launchplan.front import FrontDoor
 from sparktrain.launchplan.layout import check_count, check_use_gpu
 from sparktrain.launchplan.options import RunOptions, RunOptionsArgs, documents_options, run_options
@@ -66,7 +67,7 @@ class DistributedFunction(Generic[P, R]):
     _: KW_ONLY
     num_processes: int
     use_gpu: bool | None
-    backend: str | Backend
+    backend: BackendName | Backend
     ray_address: str | None
     options: RunOptions
 
@@ -115,7 +116,7 @@ def distributed(
     *,
     num_processes: int = 1,
     use_gpu: bool | None = None,
-    backend: str | Backend = "local",
+    backend: BackendName | Backend = "local",
     ray_address: str | None = None,
     options: RunOptions | None = None,
     **option_args: Unpack[RunOptionsArgs],
@@ -129,7 +130,7 @@ def distributed(
     *,
     num_processes: int = 1,
     use_gpu: bool | None = None,
-    backend: str | Backend = "local",
+    backend: BackendName | Backend = "local",
     ray_address: str | None = None,
     options: RunOptions | None = None,
     **option_args: Any,

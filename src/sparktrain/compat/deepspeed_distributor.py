@@ -17,20 +17,18 @@ from __future__ import annotations
 
 import json
 import os
-import runpy
-import shutil
-import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 from typing_extensions import Unpack
 
+from sparktrain.backends.base import Backend
+from sparktrain.backends.registry import BackendName, backend_class, for_local_mode
+from sparktrain.compat.rank.deepspeed import run_script_with_config, run_with_config
 from sparktrain.compat.torch_distributor import TorchDistributor
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
 from sparktrain.launchplan.front import DEEPSPEED_DISTRIBUTOR, FrontDoor
 from sparktrain.launchplan.options import RunOptions, RunOptionsArgs
-from sparktrain.rank import rundirs
 
 
 def load_config(config: object) -> dict[str, Any]:
@@ -65,27 +63,6 @@ def load_config(config: object) -> dict[str, Any]:
     )
 
 
-def run_with_config(config: dict[str, Any], main: Callable[..., Any], *args: Any, **kw: Any) -> Any:
-    """Inside a rank: make ``config`` visible to ``sparktrain.deepspeed_config()``, run ``main``."""
-    from sparktrain.strategies import zero
-
-    zero.set_config(config)
-    return main(*args, **kw)
-
-
-def run_script_with_config(config: dict[str, Any], script: str, args: list[str]) -> None:
-    """Inside a rank: write ``config`` to a private file; run ``script`` with DeepSpeed flags."""
-    folder = rundirs.make("deepspeed")
-    try:
-        path = os.path.join(folder, "ds_config.json")
-        Path(path).write_text(json.dumps(config))
-        sys.argv = [script, *args, "--deepspeed", "--deepspeed_config", path]
-        sys.path.insert(0, os.path.dirname(script))
-        runpy.run_path(script, run_name="__main__")
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
 def _count(name: str, value: object) -> int:
     """A positive count; ``True`` is 1, as pyspark's ``numGpus * nnodes`` makes it."""
     if value is True:
@@ -109,7 +86,7 @@ class DeepspeedTorchDistributor(TorchDistributor):
         useGpu: bool | None = None,
         deepspeedConfig: dict[str, Any] | str | os.PathLike[str] | None = None,
         *,
-        backend: Literal["local", "spark", "ray"] | None = None,
+        backend: BackendName | Backend | None = None,
         ray_address: str | None = None,
         options: RunOptions | None = None,
         **option_args: Unpack[RunOptionsArgs],
@@ -131,7 +108,8 @@ class DeepspeedTorchDistributor(TorchDistributor):
                 {run_options}
         """
         numGpus, nnodes = _count("numGpus", numGpus), _count("nnodes", nnodes)
-        if nnodes > 1 and localMode and backend in (None, "local"):
+        spans = backend_class(for_local_mode(localMode, backend)).multi_node
+        if nnodes > 1 and localMode and not spans:
             raise ConfigError(
                 f"nnodes={nnodes} with localMode=True: local mode runs on this machine only; "
                 "pass localMode=False to spread the ranks over Spark executors, or nnodes=1."

@@ -12,7 +12,7 @@ local process, and so it does here, so that existing notebooks behave as before.
 Inside the ranks, ``import horovod.torch as hvd`` gives :mod:`sparktrain.horovod.torch` when
 Horovod is not installed, so ``hvd.init()``, ``hvd.DistributedOptimizer`` and
 ``hvd.broadcast_parameters`` run unchanged on ``torch.distributed``. The function travels as
-pickled bytes inside :func:`sparktrain.horovod.alias.run_with_alias`, which installs that alias
+pickled bytes inside :func:`sparktrain.rank.horovod_alias.run_with_alias`, which installs that alias
 before unpickling it. Errors, logs and return values are those of :class:`TorchDistributor`:
 rank 0's value comes back, a failure names the rank that failed first.
 """
@@ -23,37 +23,46 @@ from typing import Any, Literal
 
 from typing_extensions import Unpack
 
+from sparktrain.backends.base import Backend, Wanted
+from sparktrain.backends.registry import BackendName, backend_class, make_backend
 from sparktrain.contract import pickling
 from sparktrain.driver.launch import PreparedLaunch, prepare
-from sparktrain.errors import ConfigError
-from sparktrain.horovod.alias import run_with_alias
+from sparktrain.ground.errors import ConfigError
 from sparktrain.launchplan.entrypoint import make_entrypoint
 from sparktrain.launchplan.options import RunOptions, RunOptionsArgs, documents_options, run_options
+from sparktrain.rank.horovod_alias import run_with_alias
 
 Verbosity = Literal["all", "log_callback_only"]
 
 
-def cluster_slots(use_gpu: bool | None) -> int:
-    """Ranks that ``np=0`` starts: the cluster's task slots, times the GPUs per task on GPU."""
-    from sparktrain.driver import spark
+def _where(np: int, backend: BackendName | Backend | None, wanted: Wanted) -> Backend:
+    """The backend of ``np``: this machine for ``np < 0``, else ``backend`` (Spark by default).
 
-    session = _session(0)
-    facts = spark.cluster_facts(session, 1)
-    if facts.slots is None:
+    What the backend can do is asked of its class before one is made (a Ray is not started to
+    be refused).
+
+    Raises:
+        ConfigError: ``backend`` cannot span nodes (``np > 0`` runs on a cluster) or count its
+            slots (``np=0``), or the default Spark has no active SparkSession (the message says
+            to pass ``np < 0``).
+    """
+    named = "local" if np < 0 else ("spark" if backend is None else backend)
+    kind = backend_class(named)
+    if np >= 0 and not kind.multi_node:
         raise ConfigError(
-            "np=0 uses every task slot of the cluster, but a Spark Connect session cannot "
-            "report them; pass the number of processes, e.g. np=4."
+            f"backend={backend!r}: HorovodRunner runs np>0 processes on 'spark' (the default) "
+            "or 'ray'; np<0 runs them on this machine."
         )
-    gpu = use_gpu is True or (use_gpu is None and facts.task_gpus > 0)
-    return facts.slots * (max(1, facts.task_gpus) if gpu else 1)
-
-
-def _session(np: int) -> Any:
-    from sparktrain.driver import spark
-
+    if np == 0 and not kind.counts_slots():
+        raise ConfigError(
+            f"np=0 uses every task slot of a Spark cluster; with backend={backend!r}, pass the "
+            "number of processes, e.g. np=4."
+        )
     try:
-        return spark.active_session()
+        return make_backend(named, wanted)
     except ConfigError:
+        if backend is not None or np < 0:
+            raise
         raise ConfigError(
             f"np={np} runs on the Spark cluster, which needs an active SparkSession; create one "
             f"first, or pass np={-max(np, 1)} to run {max(np, 1)} process(es) on this machine."
@@ -70,7 +79,7 @@ class HorovodRunner:
         driver_log_verbosity: Verbosity = "all",
         *,
         use_gpu: bool | None = None,
-        backend: Literal["spark", "ray"] | None = None,
+        backend: BackendName | Backend | None = None,
         ray_address: str | None = None,
         options: RunOptions | None = None,
         **option_args: Unpack[RunOptionsArgs],
@@ -85,7 +94,8 @@ class HorovodRunner:
                 ``log_ranks=`` wins.
             use_gpu: ``True``, ``False``, or ``None`` for GPUs when there are some (sparktrain's
                 addition; Databricks decides from the cluster).
-            backend: The cluster of ``np > 0``: ``"spark"`` (the default) or ``"ray"``.
+            backend: The cluster of ``np > 0``: ``"spark"`` (the default), ``"ray"``, or a
+                backend object whose ranks may span nodes.
             ray_address: With ``backend="ray"``: the cluster to join.
             options: A :class:`~sparktrain.launchplan.options.RunOptions` to start from.
             **option_args: Run options by name (:class:`~sparktrain.RunOptions`):
@@ -106,33 +116,25 @@ class HorovodRunner:
                 f"driver_log_verbosity={driver_log_verbosity!r} must be 'all' or "
                 "'log_callback_only'."
             )
-        if backend not in (None, "spark", "ray"):
-            raise ConfigError(
-                f"backend={backend!r}: HorovodRunner runs np>0 processes on 'spark' (the "
-                "default) or 'ray'; np<0 runs them on this machine."
-            )
         self.np = np
         self.driver_log_verbosity = driver_log_verbosity
         if driver_log_verbosity == "log_callback_only" and "log_ranks" not in option_args:
             option_args["log_ranks"] = (0,)
         self.options = run_options(options, **option_args)
-        where = "local" if np < 0 else (backend or "spark")
-        if np == 0 and where != "spark":
-            raise ConfigError(
-                f"np=0 uses every task slot of a Spark cluster; with backend={backend!r}, pass "
-                "the number of processes, e.g. np=4."
+        where = _where(np, backend, Wanted(address=ray_address))
+        try:
+            processes = -np if np < 0 else (np or where.every_slot(use_gpu) or 0)
+            self.prepared: PreparedLaunch = prepare(
+                processes,
+                use_gpu=use_gpu,
+                backend=where,
+                options=self.options,
+                name="-np" if np < 0 else "np",
             )
-        if where == "spark":
-            _session(np)
-        processes = -np if np < 0 else (np or cluster_slots(use_gpu))
-        self.prepared: PreparedLaunch = prepare(
-            processes,
-            use_gpu=use_gpu,
-            backend=where,
-            ray_address=ray_address,
-            options=self.options,
-            name="-np" if np < 0 else "np",
-        )
+        except BaseException:
+            if where is not backend:  # made here: what it started is ours to stop
+                where.close()
+            raise
         self.num_processes = processes
 
     def run(self, main: Any, **kwargs: Any) -> Any:

@@ -4,7 +4,7 @@
 use_custom_strategy=False).run(train_fn, **kwargs)`` starts ``num_slots`` ranks through the same
 ``launch`` as the torch runners (same logs, same errors naming the failed rank, rank 0's value
 back). Each rank is one worker of a ``tf.distribute.MultiWorkerMirroredStrategy`` cluster set up
-through ``TF_CONFIG`` (see :mod:`sparktrain.compat.tensorflow_rank`); ``train_fn`` runs inside
+through ``TF_CONFIG`` (see :mod:`sparktrain.compat.rank.tensorflow`); ``train_fn`` runs inside
 the strategy's scope unless ``use_custom_strategy=True``, in which case it builds its own
 strategy (``TF_CONFIG`` is set for it).
 
@@ -21,14 +21,16 @@ Differences, on purpose:
 from __future__ import annotations
 
 import importlib.util
-from typing import Any, Literal
+from typing import Any
 
 from typing_extensions import Unpack
 
-from sparktrain.compat.tensorflow_rank import run_worker
+from sparktrain.backends.base import Backend
+from sparktrain.backends.registry import BackendName, backend_class, for_local_mode
+from sparktrain.compat.rank.tensorflow import run_worker
 from sparktrain.contract import pickling
 from sparktrain.driver.launch import PreparedLaunch, prepare
-from sparktrain.errors import ClusterConfigError, ConfigError
+from sparktrain.ground.errors import ClusterConfigError, ConfigError
 from sparktrain.launchplan.entrypoint import make_entrypoint
 from sparktrain.launchplan.front import MIRRORED_STRATEGY_RUNNER
 from sparktrain.launchplan.options import RunOptions, RunOptionsArgs, documents_options, run_options
@@ -53,7 +55,7 @@ class MirroredStrategyRunner:
         gpu_resource_name: str = "gpu",
         use_custom_strategy: bool = False,
         *,
-        backend: Literal["local", "spark", "ray"] | None = None,
+        backend: BackendName | Backend | None = None,
         ray_address: str | None = None,
         options: RunOptions | None = None,
         **option_args: Unpack[RunOptionsArgs],
@@ -97,8 +99,8 @@ class MirroredStrategyRunner:
                 "'gpu' resource (spark.task.resource.gpu.amount); name the resource 'gpu' in "
                 "the cluster configuration, or pass use_gpu=False."
             )
-        where = backend or ("local" if local_mode else "spark")
-        if where == "local" and importlib.util.find_spec("tensorflow") is None:
+        where = for_local_mode(local_mode, backend)
+        if backend_class(where).on_this_machine and importlib.util.find_spec("tensorflow") is None:
             raise ConfigError(f"MirroredStrategyRunner needs TensorFlow: {_INSTALL}")
         self.num_slots = num_slots
         self.local_mode = local_mode
@@ -171,6 +173,6 @@ class MirroredStrategyRunner:
             raise ConfigError(f"train_fn={train_fn!r} must be the training function")
         make_entrypoint(train_fn, (), kwargs)  # names what does not pickle, before starting
         payload = pickling.dumps((train_fn, kwargs))
-        on_spark = self.prepared.backend.name == "spark"
-        args = (payload, self.use_custom_strategy, self.use_gpu, on_spark)
+        barrier = self.prepared.backend.barrier_context
+        args = (payload, self.use_custom_strategy, self.use_gpu, barrier)
         return self.prepared.run(run_worker, args).value

@@ -19,18 +19,20 @@ Same positional order and meaning: ``TorchDistributor(num_processes, local_mode,
   ``TorchDistributor(100, local_mode=False)`` constructs on a cluster of two slots. Each ``run``
   counts the free task slots first; where the cluster can grow (dynamic allocation, Databricks
   autoscaling) it waits for them up to a bound, saying so in one line
-  (:mod:`sparktrain.driver.spark_slots`), and a run whose tasks still do not fit is refused with
+  (:mod:`sparktrain.backends.spark.slots`), and a run whose tasks still do not fit is refused with
   a :class:`~sparktrain.ClusterConfigError` naming the number asked for, the slots and the fix.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 from typing_extensions import Unpack
 
+from sparktrain.backends.base import Backend
+from sparktrain.backends.registry import BackendName, for_local_mode
 from sparktrain.driver.launch import PreparedLaunch, prepare
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
 from sparktrain.launchplan.front import TORCH_DISTRIBUTOR, FrontDoor
 from sparktrain.launchplan.options import (
     OPTIONS_MARK,
@@ -66,7 +68,7 @@ class TorchDistributor:
         local_mode: bool = True,
         use_gpu: bool | None = None,
         *,
-        backend: Literal["local", "spark", "ray"] | None = None,
+        backend: BackendName | Backend | None = None,
         ray_address: str | None = None,
         options: RunOptions | None = None,
         **option_args: Unpack[RunOptionsArgs],
@@ -99,7 +101,7 @@ class TorchDistributor:
         self.num_processes = num_processes
         self.local_mode = local_mode
         self.use_gpu = use_gpu
-        self.backend = backend or ("local" if local_mode else "spark")
+        self.backend = for_local_mode(local_mode, backend)
         self.options = run_options(options, **option_args)
         self.prepared: PreparedLaunch = prepare(
             num_processes,
@@ -112,7 +114,7 @@ class TorchDistributor:
             room_at_run=True,
         )
         self.plan = self.prepared.plan
-        tasks = self.plan.world_size if self.backend == "local" else self.plan.nodes
+        tasks = self.prepared.backend.tasks(self.plan)
         #: The constructor's values, as pyspark's ``input_params`` holds them.
         self.input_params: dict[str, Any] = {
             "num_processes": self.prepared.target,

@@ -14,5 +14,6 @@ nothing else:
 - :mod:`~sparktrain.contract.pickling`: how the user's function and values are pickled.
 
 It may import the pure values of :mod:`sparktrain.launchplan` (a spec holds a plan) and
-:mod:`sparktrain.errors`, never ``driver``, ``node`` or ``rank`` (``tests/test_layering.py``).
+:mod:`sparktrain.ground.errors`, never ``driver``, ``node`` or ``rank``
+(``tests/test_layering.py``).
 """

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from sparktrain.errors import StackSite
+from sparktrain.ground.errors import StackSite
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Any
 
 from sparktrain.contract.outcome import NodeOutcome
 from sparktrain.contract.paths import error_path, result_path
-from sparktrain.errors import RankFailure, StackSite
+from sparktrain.ground.errors import RankFailure, StackSite
 
 
 def _signal_failure(

@@ -28,8 +28,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from sparktrain import procfs
-from sparktrain.errors import ConfigError
+from sparktrain.ground import procfs
+from sparktrain.ground.errors import ConfigError
 
 CONF = "spark.sparktrain.data.cacheDir"
 OWNER = "_sparktrain_owner.json"

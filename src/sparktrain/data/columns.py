@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
 
 _VECTOR_FIELDS = {"type", "size", "indices", "values"}
 

@@ -25,7 +25,7 @@ from sparktrain.data.sources import Source
 from sparktrain.data.state import Resume
 from sparktrain.data.threads import rank_threads
 from sparktrain.data.torch_workers import UNCOUNTED, SharedFlag, WorkerPlace
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
 
 
 def _group() -> tuple[int, int]:

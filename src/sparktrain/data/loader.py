@@ -30,9 +30,9 @@ from torch.utils.data import DataLoader, default_collate
 
 from sparktrain.data.columns import row_bytes
 from sparktrain.data.workers import ProcessWorkers, check_workers
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # circle: a type only; the dataset makes its loader (StreamingDataset.loader)
     from sparktrain.data.dataset import StreamingDataset
 
 Handoff = Literal["processes", "threads", "torch"]

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
 
 UNEVEN = ("pad", "drop")
 

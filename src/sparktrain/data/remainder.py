@@ -32,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from sparktrain.data import order
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
 
 Positions = npt.NDArray[np.int64]
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
 
 _path: str | None = None
 

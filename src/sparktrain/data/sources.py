@@ -18,7 +18,7 @@ from typing import Any
 
 from sparktrain.data.columns import pyarrow
 from sparktrain.data.formats import ARROW_IPC, PARQUET, Format
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
 
 _GLOB = set("*?[")
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sparktrain.data import remainder
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # circle: a type only; the dataset saves and restores itself through these
     from sparktrain.data.dataset import StreamingDataset
 
 

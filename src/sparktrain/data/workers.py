@@ -32,10 +32,10 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from sparktrain import procfs
 from sparktrain.data.slots import Column, Slot, entries, layout, rebuild
 from sparktrain.data.threads import rank_threads
-from sparktrain.errors import ConfigError
+from sparktrain.ground import procfs
+from sparktrain.ground.errors import ConfigError
 
 _HEADER = struct.Struct("!Q")
 

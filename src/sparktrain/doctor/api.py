@@ -17,7 +17,7 @@ from typing import Any
 
 from sparktrain.doctor import checks, extras, ops, spark_checks, system
 from sparktrain.doctor.verdicts import Check, DoctorReport
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
 
 
 def run_checks(
@@ -130,7 +130,7 @@ def _is_remote(master: str | None) -> bool:
 
 def _waits(session: Any) -> bool:
     """Whether executors may still be registering (not so in local mode, or over Connect)."""
-    from sparktrain.driver.spark import is_connect
+    from sparktrain.backends.spark.session import is_connect
 
     if is_connect(session):
         return False

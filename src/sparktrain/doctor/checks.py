@@ -19,7 +19,7 @@ import sys
 from types import ModuleType
 
 from sparktrain.doctor.verdicts import Check
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
 
 MIN_PYTHON = (3, 10)
 MIN_TORCH = (2, 3)

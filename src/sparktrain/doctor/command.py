@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
 
 
 def add_doctor_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -82,7 +82,7 @@ def _conf(pairs: list[str]) -> dict[str, str]:
 def run_doctor(options: argparse.Namespace) -> int:
     """Run the checks the options ask for, print them; returns the exit code."""
     from sparktrain.doctor.api import run_checks
-    from sparktrain.doctor.render import render_json, render_report
+    from sparktrain.doctor.verdicts import render_json, render_report
 
     failed_ops = False
     try:

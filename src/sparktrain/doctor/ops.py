@@ -10,7 +10,7 @@ that points there loads it in milliseconds.
 Design choices:
 - The check (:func:`ops_check`) reads the folder only: no DeepSpeed import (seconds, and it
   prints), so ``sparktrain doctor`` stays fast. It names the build locks it finds that no
-  builder holds (:mod:`sparktrain.buildlock`), since they block every run that loads the op.
+  builder holds (:mod:`sparktrain.ground.buildlock`), since they block every run that loads the op.
 - :func:`build_ops` runs in the calling process, with the rank's own lock
   (:func:`sparktrain.rank.extensions.install`): a build stopped with Ctrl-C leaves a lock that
   the next run removes. Being asked explicitly, it first removes the locks that no process on
@@ -29,9 +29,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparktrain import buildlock
 from sparktrain.doctor.verdicts import Check
-from sparktrain.errors import ConfigError
+from sparktrain.ground import buildlock
+from sparktrain.ground.errors import ConfigError
 
 #: The ops a DeepSpeed process loads when its process group starts, by accelerator.
 STARTUP_OPS = {"cpu": ("deepspeed_shm_comm",)}

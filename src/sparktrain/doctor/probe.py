@@ -181,7 +181,7 @@ def _network_finding(
 
 def probe_check(session: Any, tasks: int, *, timeout: float = 120.0) -> list[Check]:
     """Run a barrier stage of ``tasks`` tasks on ``session`` and judge what they report."""
-    from sparktrain.driver.spark import summarise_job_error
+    from sparktrain.backends.spark.job import summarise_job_error
 
     tag = f"sparktrain-doctor-{uuid.uuid4().hex[:8]}"
     box: dict[str, Any] = {}

@@ -4,8 +4,9 @@ Executors, task slots, GPU resource settings.
 
 Design choices:
 - The slot count and the task settings come from the Spark backend's own
-  :func:`~sparktrain.driver.spark.cluster_facts`, and the barrier verdict from the launcher's
-  :func:`~sparktrain.launchplan.layout.make_cluster_plan`, so doctor and a launch never disagree.
+  :func:`~sparktrain.backends.spark.session.cluster_facts`, and the barrier verdict from the
+  launcher's :func:`~sparktrain.launchplan.layout.make_cluster_plan`, so doctor and a launch never
+  disagree.
 - Only a session that doctor started itself is given time for its executors to register (the
   launch's own wait); an existing session is judged as it is now, which keeps doctor fast.
 - Spark Connect hides the scheduler: slots and executors are reported as unknown (warning).
@@ -16,7 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from sparktrain.doctor.verdicts import Check, Finding
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
 
 if TYPE_CHECKING:
     from sparktrain.launchplan.layout import ClusterFacts
@@ -40,7 +41,7 @@ def _is_local(master: str) -> bool:
 
 def session_check(session: Any) -> Check:
     """Which session is examined: kind, Spark version, master."""
-    from sparktrain.driver.spark import is_connect
+    from sparktrain.backends.spark.session import is_connect
 
     connect = is_connect(session)
     master = "(Spark Connect)" if connect else str(session.sparkContext.master)
@@ -56,7 +57,7 @@ def session_check(session: Any) -> Check:
 
 def executors_check(session: Any) -> Check:
     """The executors registered with the driver now."""
-    from sparktrain.driver.spark import is_connect
+    from sparktrain.backends.spark.session import is_connect
 
     if is_connect(session):
         return Check(
@@ -180,8 +181,8 @@ def slots_and_launch_checks(
         use_gpu: The launch's ``use_gpu`` (``None``: GPUs when tasks get them).
         wait: Give executors that are still registering the launch's time to appear.
     """
-    from sparktrain.driver.spark import cluster_facts, is_connect
-    from sparktrain.driver.spark_slots import SLOT_WAIT_SECONDS
+    from sparktrain.backends.spark.session import cluster_facts, is_connect
+    from sparktrain.backends.spark.slots import SLOT_WAIT_SECONDS
 
     try:
         facts = cluster_facts(session, processes if wait and processes else 1)

@@ -1,4 +1,4 @@
-"""The values ``sparktrain doctor`` produces: one :class:`Check` per question, one report.
+"""The values ``sparktrain doctor`` produces: one :class:`Check` per question, one report, as text.
 
 Design choices:
 - A check is a frozen value (name, verdict, what was found, the fix, facts for programs); the
@@ -10,8 +10,11 @@ Design choices:
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
+
+from sparktrain.ground.version import __version__
 
 Verdict = Literal["ok", "info", "warning", "error"]
 #: Verdicts from best to worst.
@@ -108,6 +111,32 @@ class DoctorReport:
         }
 
     def __str__(self) -> str:
-        from sparktrain.doctor.render import render_report
-
         return render_report(self)
+
+
+_MARK = {"ok": "ok", "info": "info", "warning": "WARNING", "error": "ERROR"}
+
+
+def render_report(report: DoctorReport) -> str:
+    """The report as text; every check that is not ok shows its fix."""
+    width = max((len(c.name) for c in report.checks), default=0)
+    lines = [f"sparktrain doctor (sparktrain {__version__})", ""]
+    for check in report.checks:
+        lines.append(f"  {_MARK[check.verdict]:<8} {check.name:<{width}}  {check.found}")
+        if check.fix and check.verdict != "ok":
+            lines.append(f"  {'':<8} {'':<{width}}  fix: {check.fix}")
+    errors, warnings = len(report.errors), len(report.warnings)
+    lines.append("")
+    if errors:
+        names = ", ".join(c.name for c in report.errors)
+        lines.append(f"{errors} error(s) block a launch ({names}); {warnings} warning(s).")
+    elif warnings:
+        lines.append(f"Nothing blocks a launch; {warnings} warning(s) above.")
+    else:
+        lines.append("Nothing blocks a launch.")
+    return "\n".join(lines)
+
+
+def render_json(report: DoctorReport) -> str:
+    """The report as indented JSON (see :meth:`DoctorReport.to_dict`)."""
+    return json.dumps(report.to_dict(), indent=2, default=str)

@@ -1,14 +1,15 @@
 """An elastic run's capacity: what fits now, at the start, after a loss, and while it is short.
 
-The backend answers :meth:`~sparktrain.driver.backend.Backend.capacity` (ranks that could run
-now) and :meth:`~sparktrain.driver.backend.Backend.layout` (a layout of a given size, or a
-:class:`~sparktrain.errors.ConfigError`); from those this module decides:
+The backend answers :meth:`~sparktrain.backends.base.Backend.capacity` (ranks that could run
+now) and :meth:`~sparktrain.backends.base.Backend.layout` (a layout of a given size, or a
+:class:`~sparktrain.ground.errors.ConfigError`); from those this module decides:
 
 - :func:`first_layout`: the first attempt's layout. An elastic run whose full size does not fit
   at the start begins on the largest size that does (at least ``min_processes``), says so in one
   line, and grows toward the full size as capacity arrives.
 - :func:`fit`: after a loss or a grow-back stop, the next attempt's layout, or a
-  :class:`~sparktrain.errors.CapacityError` below ``min_processes`` (at once, not after a wait).
+  :class:`~sparktrain.ground.errors.CapacityError` below ``min_processes`` (at once, not after a
+  wait).
 - :func:`watch_capacity`: while a run is short, whether more ranks fit now.
 """
 
@@ -17,9 +18,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from sparktrain.driver.backend import Backend, Nodes
+from sparktrain.backends.base import Backend, Nodes
 from sparktrain.driver.monitor import Monitor, say
-from sparktrain.errors import CapacityError, ClusterError, ConfigError
+from sparktrain.ground.errors import CapacityError, ClusterError, ConfigError
 from sparktrain.launchplan.layout import LaunchPlan, check_count
 from sparktrain.launchplan.options import RunOptions
 

@@ -6,15 +6,15 @@ Every run is a sequence of attempts (:func:`run_attempts`). How an attempt ended
 - A Python exception raised by the training code is a bug. The run fails, or, with
   ``max_restarts=K``, starts again at the same size up to K times.
 - A loss of infrastructure (a node, executor, Ray node or process gone; see
-  :attr:`~sparktrain.errors.TrainingFailedError.cause`) fails the run, or uses ``max_restarts``,
-  unless the run is elastic (``min_processes``): then the next attempt runs on the ranks the
-  backend can run now (:meth:`~sparktrain.driver.backend.Backend.capacity`), if that is at least
-  ``min_processes``, and the ranks resume from their latest ``sparktrain.checkpoint``. Fewer is
-  a :class:`~sparktrain.errors.CapacityError` at once, never a wait.
+  :attr:`~sparktrain.ground.errors.TrainingFailedError.cause`) fails the run, or uses
+  ``max_restarts``, unless the run is elastic (``min_processes``): then the next attempt runs on the
+  ranks the backend can run now (:meth:`~sparktrain.backends.base.Backend.capacity`), if that is at
+  least ``min_processes``, and the ranks resume from their latest ``sparktrain.checkpoint``. Fewer
+  is a :class:`~sparktrain.ground.errors.CapacityError` at once, never a wait.
 - While an elastic run is short of its full size (after a loss, or from the start when the
   capacity was short then) and ``grow_back`` is on, the driver looks at the capacity every
   :data:`~sparktrain.driver.capacity.GROW_CHECK_SECONDS`; once more ranks fit, it asks the
-  ranks to stop at their next checkpoint (:class:`~sparktrain.errors.GrowBack` in the ranks,
+  ranks to stop at their next checkpoint (:class:`~sparktrain.ground.errors.GrowBack` in the ranks,
   :class:`~sparktrain.driver.results.GrowingBack` here: a value, not an error), and the next
   attempt runs as many ranks as fit, up to the full size.
 
@@ -30,11 +30,11 @@ import time
 from collections.abc import Callable
 from typing import Literal
 
-from sparktrain.driver.backend import Backend
+from sparktrain.backends.base import Backend
 from sparktrain.driver.capacity import fit
 from sparktrain.driver.monitor import Monitor, say
 from sparktrain.driver.results import LOST_NODE, GrowingBack, Rescale, RunResult
-from sparktrain.errors import ClusterConfigError, ClusterError, TrainingFailedError
+from sparktrain.ground.errors import ClusterConfigError, ClusterError, TrainingFailedError
 from sparktrain.launchplan.layout import LaunchPlan
 from sparktrain.launchplan.options import RunOptions
 from sparktrain.launchplan.policy import Decision, Ended, Tally, decide, ended_by

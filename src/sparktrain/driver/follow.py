@@ -1,6 +1,6 @@
 """The driver's one follow loop: every backend's nodes, from their start to their reports.
 
-The loop polls the started :class:`~sparktrain.driver.backend.Nodes` (their lines are shown as
+The loop polls the started :class:`~sparktrain.backends.base.Nodes` (their lines are shown as
 they come). At the first failure a node reports, or when the caller's ``on_report`` asks, it
 tells every node to stop its ranks. If the nodes have not ended :data:`CANCEL_AFTER` seconds
 after the stop grace period, it kills them; if even that does not end them within as long, the
@@ -16,10 +16,10 @@ import contextlib
 import time
 from collections.abc import Callable
 
+from sparktrain.backends.base import Nodes
 from sparktrain.contract.report import NodeReport
-from sparktrain.driver.backend import Nodes
 from sparktrain.driver.monitor import Monitor
-from sparktrain.errors import ClusterError
+from sparktrain.ground.errors import ClusterError
 
 #: After asking the nodes to stop, how long they get (beyond the stop grace) before being killed.
 CANCEL_AFTER = 15.0

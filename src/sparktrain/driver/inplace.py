@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any, Literal
 from sparktrain.contract.inplace import gone, joined, latest, members, post
 from sparktrain.driver.monitor import Monitor, say
 from sparktrain.driver.results import Rescale
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
 
 if TYPE_CHECKING:
-    from sparktrain.driver.backend import Nodes
+    from sparktrain.backends.base import Nodes
 
 _LOCK = threading.Lock()
 _RUNNING: list[Nodes] = []

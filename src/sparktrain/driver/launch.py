@@ -22,16 +22,17 @@ from typing import Any
 
 from typing_extensions import Unpack
 
+from sparktrain.backends.base import Attempt, Backend, Wanted
+from sparktrain.backends.registry import BackendName, make_backend
 from sparktrain.contract.env import IN_PLACE_STORE
 from sparktrain.contract.inplace import host_store
-from sparktrain.driver.backend import Attempt, Backend, make_backend
 from sparktrain.driver.capacity import first_layout, watch_capacity
 from sparktrain.driver.elastic import run_attempts
 from sparktrain.driver.follow import follow
 from sparktrain.driver.inplace import running
 from sparktrain.driver.monitor import Monitor
 from sparktrain.driver.results import GrowingBack, RunResult, finish
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
 from sparktrain.launchplan.entrypoint import Entrypoint, make_entrypoint
 from sparktrain.launchplan.front import LAUNCH, FrontDoor
 from sparktrain.launchplan.layout import LaunchPlan
@@ -111,7 +112,7 @@ class PreparedLaunch:
 
     def _tracked(self, entry: Entrypoint, data_uri: str | None, monitor: Monitor) -> RunResult:
         """The attempts inside the run's MLflow run, when tracking is on."""
-        from sparktrain.tracking import driver
+        from sparktrain.driver import tracking as driver
 
         options = self.options
         run = driver.begin(
@@ -190,7 +191,7 @@ def prepare(
     num_processes: object,
     *,
     use_gpu: object = None,
-    backend: object = "local",
+    backend: BackendName | Backend = "local",
     ray_address: str | None = None,
     topology: Topology | None = None,
     options: RunOptions | None = None,
@@ -207,7 +208,8 @@ def prepare(
     Args:
         num_processes: Number of ranks.
         use_gpu: ``True``, ``False``, or ``None`` for GPUs where there are some.
-        backend: ``"local"``, ``"spark"``, ``"ray"``, or a :class:`Backend`.
+        backend: A name of :mod:`sparktrain.backends.registry` (``"local"``, ``"spark"``,
+            ``"ray"``), or a :class:`Backend`.
         ray_address: With ``backend="ray"``: the cluster to join when this process has no Ray
             initialised.
         topology: This machine's resources, for the local backend (detected when ``None``).
@@ -223,7 +225,7 @@ def prepare(
     Raises:
         ConfigError: Bad input; the message names the value and the fix.
     """
-    chosen = make_backend(backend, topology=topology, ray_address=ray_address, front=front)
+    chosen = make_backend(backend, Wanted(topology=topology, address=ray_address, front=front))
     try:
         options = options or RunOptions()
         return _lay_out(chosen, num_processes, use_gpu, options, room_at_run=room_at_run, name=name)
@@ -264,7 +266,7 @@ def launch(
     *,
     num_processes: int = 1,
     use_gpu: bool | None = None,
-    backend: str | Backend = "local",
+    backend: BackendName | Backend = "local",
     ray_address: str | None = None,
     dataframe: Any = None,
     topology: Topology | None = None,
@@ -284,7 +286,7 @@ def launch(
         backend: ``"local"`` (this machine), ``"spark"`` (barrier tasks of the active
             SparkSession, classic or Connect; one rank per task, or one per GPU of a task),
             ``"ray"`` (one actor per node of a Ray cluster, in a placement group), or a
-            :class:`~sparktrain.driver.backend.Backend`.
+            :class:`~sparktrain.backends.base.Backend`.
         ray_address: With ``backend="ray"`` and no Ray initialised yet in this process: the
             cluster to join (``ray.init(address=...)``); ``None`` for ``RAY_ADDRESS`` or a local
             Ray started for this process, kept for later launches. An initialised Ray is used

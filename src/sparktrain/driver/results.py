@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from sparktrain.contract.report import NodeReport
-from sparktrain.errors import (
+from sparktrain.ground.errors import (
     ClusterError,
     ConfigError,
     GrowBack,

@@ -2,7 +2,7 @@
 
 The rows never pass through Spark's JVM: each rank of a launch (on this machine, on Spark
 executors or on Ray) reads its parts' row groups from the files, runs the model, and writes the
-part's output file atomically (:mod:`sparktrain.inference.files`). A run killed half way,
+part's output file atomically (:mod:`sparktrain.inference.rank.files`). A run killed half way,
 or a rank restarted by ``max_restarts``, resumes: parts already written are not scored again,
 and every input row has exactly one output row. :func:`make_plan` is shared with
 ``sparktrain.spark.predict``, which hands the same parts back as a Spark DataFrame.
@@ -18,11 +18,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sparktrain.backends.base import Backend
+from sparktrain.backends.registry import BackendName, backend_class
 from sparktrain.data.sources import Source
-from sparktrain.errors import ConfigError
-from sparktrain.inference import files, reading
-from sparktrain.inference.parts import ScoringPlan
+from sparktrain.ground.errors import ConfigError
 from sparktrain.inference.planning import ScoringArgs, as_source, make_plan, positive
+from sparktrain.inference.rank import files, reading
+from sparktrain.inference.rank.parts import ScoringPlan
 from sparktrain.launchplan.options import documents_options
 
 
@@ -70,7 +72,7 @@ def score(
     autocast: str | None = None,
     overwrite: bool = False,
     num_processes: int | None = None,
-    backend: str = "local",
+    backend: BackendName | Backend = "local",
     storage_options: Mapping[str, Any] | None = None,
     **run_options: Any,
 ) -> ScoreResult:
@@ -135,7 +137,7 @@ def score(
     ranks = _ranks(num_processes, backend, target, len(todo), slots)
     _say(
         f"{len(plan.parts)} parts ({source.rows:,} rows) of {source.name} -> {target}, read from "
-        f"the files by {ranks} rank(s) on {backend}"
+        f"the files by {ranks} rank(s) on {getattr(backend, 'name', backend)}"
         + (f"; {len(done)} part(s) already written, not scored again" if done else "")
     )
     peak, scoring = 0, 0.0
@@ -169,14 +171,14 @@ def _local_slots(use_gpu: bool | None, run_options: Mapping[str, Any]) -> int:
 
     The ranks use GPUs unless ``use_gpu`` is ``False``; the GPUs are the ones the launch sees.
     """
-    from sparktrain.driver.local import local_topology
+    from sparktrain.backends.local.backend import local_topology
 
     topology = run_options.get("topology") or local_topology(use_gpu)
     return len(topology.gpus) if topology.gpus and use_gpu is not False else topology.cpus
 
 
 def _ranks(
-    num_processes: int | None, backend: str, target: str, parts: int, slots: Callable[[], int]
+    num_processes: int | None, backend: object, target: str, parts: int, slots: Callable[[], int]
 ) -> int:
     """The ranks to start (by default ``slots()``, at most one per part to score).
 
@@ -185,12 +187,13 @@ def _ranks(
     Raises:
         ConfigError: ``num_processes`` is missing for a cluster, or not a positive number.
     """
+    here = backend_class(backend).on_this_machine
     if num_processes is None:
-        if backend != "local":
+        if not here:
             raise ConfigError(f"backend={backend!r}: give num_processes, the number of ranks.")
         num_processes = max(1, min(slots(), parts))
     positive("num_processes", num_processes)
-    if backend != "local" and "://" not in target:
+    if not here and "://" not in target:
         _say(
             f"output={target!r} is a local path; with backend={backend!r} every rank writes to "
             "its own machine's disk, so on a cluster it must be a shared mount (or pass a URL: "
@@ -205,7 +208,7 @@ def _run_ranks(  # noqa: PLR0917 - one private caller: score()
     todo: tuple[int, ...],
     storage_options: Mapping[str, Any] | None,
     ranks: int,
-    backend: str,
+    backend: BackendName | Backend,
     run_options: Mapping[str, Any],
 ) -> tuple[int, float]:
     """Score the parts ``todo`` on ``ranks`` ranks.

@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from sparktrain.errors import ConfigError
-from sparktrain.inference.batches import float_dtype
+from sparktrain.ground.errors import ConfigError
+from sparktrain.inference.rank.batches import float_dtype
 
 
 def model_payload(model: Any) -> tuple[str, bytes]:
@@ -32,7 +32,7 @@ def load_model(model: Any) -> Any:
                 "model URI such as 'runs:/<run id>/model'."
             )
         return model
-    from sparktrain.tracking.driver import mlflow_module
+    from sparktrain.driver.tracking import mlflow_module
 
     mlflow = mlflow_module()
     try:
@@ -85,8 +85,8 @@ def run_sample(
     """
     import torch
 
-    from sparktrain.inference.batches import Where, forward, input_tensors
-    from sparktrain.inference.reading import as_call, as_float32
+    from sparktrain.inference.rank.batches import Where, forward, input_tensors
+    from sparktrain.inference.rank.reading import as_call, as_float32
 
     training = getattr(model, "training", None)
     if training is not None:

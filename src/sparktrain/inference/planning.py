@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparktrain.data.sources import Source
-from sparktrain.errors import ConfigError
-from sparktrain.inference import outputs
-from sparktrain.inference.batches import AUTOCAST
+from sparktrain.ground.errors import ConfigError
 from sparktrain.inference.models import load_model, model_identity, model_payload, run_sample
-from sparktrain.inference.parts import PART_ROWS, ScoringPlan, check_columns, plan_parts
+from sparktrain.inference.rank import outputs
+from sparktrain.inference.rank.batches import AUTOCAST
+from sparktrain.inference.rank.parts import PART_ROWS, ScoringPlan, check_columns, plan_parts
 
 #: Row groups read, at most, to find rows that pass a filter for the driver's sample.
 SAMPLE_UNITS = 16

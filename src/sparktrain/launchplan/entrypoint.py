@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sparktrain.contract import pickling
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
-from sparktrain.errors import ClusterConfigError, ConfigError
+from sparktrain.ground.errors import ClusterConfigError, ConfigError
 from sparktrain.launchplan.front import GpuSharing
 from sparktrain.launchplan.topology import Topology
 
@@ -117,7 +117,7 @@ def _assemble(
 
 @dataclass(frozen=True, kw_only=True)
 class ClusterFacts:
-    """What a cluster offers, read before submitting (see :mod:`sparktrain.driver.spark`).
+    """What a cluster offers, read before submitting (see :mod:`sparktrain.backends.spark.backend`).
 
     Attributes:
         task_gpus: ``spark.task.resource.gpu.amount`` (0 when unset).

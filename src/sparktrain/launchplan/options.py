@@ -20,7 +20,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypedDict, TypeVar
 
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
 
 OnReport = Callable[[int, dict[str, Any]], "bool | None"]
 

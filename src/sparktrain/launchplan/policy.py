@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from sparktrain.errors import (
+from sparktrain.ground.errors import (
     ClusterConfigError,
     ClusterError,
     TrainingFailedError,
@@ -52,7 +52,7 @@ class Ended:
             of the capacity it was sized for, or timed out.
         size: The attempt's number of ranks.
         cause: For a failure: ``"training code"`` or ``"infrastructure"``
-            (:attr:`~sparktrain.errors.TrainingFailedError.cause`).
+            (:attr:`~sparktrain.ground.errors.TrainingFailedError.cause`).
         forming: The failure happened while the ranks' process group formed (a connection
             refused in ``init_process_group``).
     """

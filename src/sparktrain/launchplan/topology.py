@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparktrain.contract import env
-from sparktrain.errors import ClusterConfigError
+from sparktrain.ground.errors import ClusterConfigError
 
 _GPU_ADDRESS = re.compile(r"^(0|[1-9][0-9]*)$")
 

@@ -38,7 +38,7 @@ import sys
 import time
 from typing import Any
 
-from sparktrain import procfs, proctree
+from sparktrain.ground import procfs, proctree
 from sparktrain.rank.worker import RankFds
 
 #: Imported before the server says it is ready: every rank needs them.

@@ -20,7 +20,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from sparktrain.errors import StackSite
+from sparktrain.ground.errors import StackSite
 
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>.+)$')
 _THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+")

@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sparktrain import proctree
-from sparktrain.errors import ClusterError
+from sparktrain.ground import proctree
+from sparktrain.ground.errors import ClusterError
 from sparktrain.node.forkserver import MAX_MESSAGE
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding sparktrain/

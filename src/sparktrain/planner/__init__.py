@@ -9,7 +9,7 @@ here is pure arithmetic on values: importing it imports neither torch nor transf
 from __future__ import annotations
 
 from sparktrain.planner.activations import Activations
-from sparktrain.planner.api import MemoryPlan, plan
+from sparktrain.planner.api import plan
 from sparktrain.planner.bytemodel import OPTIMIZERS, PRECISIONS, ByteModel, Optimizer, Precision
 from sparktrain.planner.cluster import (
     GPU_KINDS,
@@ -18,6 +18,7 @@ from sparktrain.planner.cluster import (
     GpuKind,
     advise_cluster,
 )
+from sparktrain.planner.memory_plan import MemoryPlan
 from sparktrain.planner.model import ModelSize, model_size
 from sparktrain.planner.recommend import StrategyEstimate
 from sparktrain.planner.strategies import STRATEGIES, Strategy, StrategyMemory

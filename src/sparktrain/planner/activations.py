@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
 from sparktrain.planner.bytemodel import Precision
 from sparktrain.planner.model import ModelSize
 

@@ -12,101 +12,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
 from sparktrain.planner.activations import ActivationEstimate, Activations, estimate_activations
 from sparktrain.planner.assumptions import assumptions
 from sparktrain.planner.bytemodel import ByteModel, Optimizer, Precision, byte_model
+from sparktrain.planner.memory_plan import MemoryPlan
 from sparktrain.planner.mesh import MeshEstimate, MeshShapeSpec, plan_meshes
 from sparktrain.planner.model import ModelSize, model_size
 from sparktrain.planner.recommend import StrategyEstimate, assess, recommend
 from sparktrain.planner.shape import activation_shape, check_count, mesh_spec
-from sparktrain.planner.strategies import STRATEGIES, Strategy, check_strategy, strategy_memory
+from sparktrain.planner.strategies import STRATEGIES, strategy_memory
 from sparktrain.planner.units import parse_bytes
 
 DEFAULT_HEADROOM = 0.2
-
-
-@dataclass(frozen=True, kw_only=True)
-class MemoryPlan:
-    """Memory per GPU of every strategy for one model on one cluster, and the recommendation.
-
-    Attributes:
-        model: The model's size (and shape, when known).
-        bytes_model: Bytes per parameter for the precision and optimizer.
-        gpus_per_node: GPUs on each node.
-        nodes: Nodes.
-        gpu_memory: Bytes of memory of one GPU.
-        cpu_memory: Bytes of CPU memory of one node, or ``None`` when not given.
-        headroom: Fraction of each memory kept free for what the model does not count.
-        activations: The activation estimate, or ``None`` when it was not asked for.
-        estimates: One estimate per strategy, in order of preference.
-        recommended: The strategy to use, or ``None`` when nothing fits.
-        reasons: Why, in plain sentences.
-        assumptions: What the numbers assume, to print with them.
-        meshes: Tensor x pipeline x FSDP meshes (when the activations are estimated), in order
-            of preference; see :mod:`sparktrain.planner.mesh`.
-        recommended_mesh: The mesh to use, or ``None`` (not estimated, or nothing fits).
-        mesh_reasons: Why.
-    """
-
-    model: ModelSize
-    bytes_model: ByteModel
-    gpus_per_node: int
-    nodes: int
-    gpu_memory: int
-    cpu_memory: int | None
-    headroom: float
-    activations: ActivationEstimate | None
-    estimates: tuple[StrategyEstimate, ...]
-    recommended: Strategy | None
-    reasons: tuple[str, ...]
-    assumptions: tuple[str, ...]
-    meshes: tuple[MeshEstimate, ...] = ()
-    recommended_mesh: MeshEstimate | None = None
-    mesh_reasons: tuple[str, ...] = ()
-
-    def mesh(self, tp: int = 1, pp: int = 1) -> MeshEstimate:
-        """The estimate of one mesh by its tensor and pipeline degrees.
-
-        Raises:
-            ConfigError: No such mesh was planned (activations not given, or it does not fit
-                the cluster's layout).
-        """
-        for estimate in self.meshes:
-            if (estimate.tp, estimate.pp) == (tp, pp):
-                return estimate
-        planned = ", ".join(f"tp={e.tp} pp={e.pp}" for e in self.meshes) or "none"
-        raise ConfigError(
-            f"no mesh tp={tp} pp={pp} in this plan (planned: {planned}). Meshes need the "
-            "activations (seq_len=..., micro_batch=...) and a tp that divides gpus_per_node."
-        )
-
-    @property
-    def world_size(self) -> int:
-        """``N``: GPUs in all, each a data-parallel rank."""
-        return self.gpus_per_node * self.nodes
-
-    def estimate(self, strategy: str) -> StrategyEstimate:
-        """The estimate of one strategy, by name (``"ddp"``, ``"zero3"``, ...).
-
-        Raises:
-            ConfigError: Not a strategy; the message lists them.
-        """
-        name = check_strategy(strategy)
-        return next(e for e in self.estimates if e.strategy == name)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready data: every number in bytes."""
-        from sparktrain.planner.render import plan_to_dict
-
-        return plan_to_dict(self)
-
-    def __str__(self) -> str:
-        from sparktrain.planner.render import render_plan
-
-        return render_plan(self)
 
 
 def plan(

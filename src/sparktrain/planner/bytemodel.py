@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
 
 Precision = Literal["bf16-mixed", "fp16-mixed", "fp32"]
 Optimizer = Literal["adam", "adamw", "sgd", "sgd-momentum"]

@@ -14,13 +14,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
 from sparktrain.planner.activations import Activations
-from sparktrain.planner.api import DEFAULT_HEADROOM, MemoryPlan, plan
+from sparktrain.planner.api import DEFAULT_HEADROOM, plan
 from sparktrain.planner.bytemodel import Optimizer, Precision
+from sparktrain.planner.memory_plan import MemoryPlan
 from sparktrain.planner.model import model_size
 from sparktrain.planner.strategies import Strategy
+from sparktrain.planner.tables import table
 from sparktrain.planner.units import format_bytes
 
 
@@ -112,8 +115,6 @@ class ClusterAdvice:
     reasons: tuple[str, ...]
 
     def __str__(self) -> str:
-        from sparktrain.planner.render import render_advice
-
         return render_advice(self)
 
 
@@ -265,3 +266,58 @@ def _reasons(
         )
     reasons.append(f"{best.gpu.name}: {best.gpu.use_cases}; e.g. {best.gpu.example_instance}.")
     return reasons
+
+
+def render_advice(advice: ClusterAdvice) -> str:
+    """Cluster advice as text: one row per GPU kind, then the advice and its reasons."""
+    rows = [("GPU", "memory", "smallest layout that fits", "strategy", "per GPU", "example")]
+    for option in advice.options:
+        rows.append(
+            (
+                option.gpu.name,
+                format_bytes(option.gpu.memory),
+                _layout(option),
+                option.strategy,
+                format_bytes(option.gpu_bytes),
+                option.gpu.example_instance,
+            )
+        )
+    lines = ["Cluster advice (GPU-only strategies, one micro-batch per GPU):", ""]
+    lines += table(rows, left=(0, 2, 3, 5))
+    lines.append("")
+    lines.append(f"Advice: {advice.summary}")
+    lines += [f"  - {reason}" for reason in advice.reasons]
+    return "\n".join(lines)
+
+
+def advice_to_dict(advice: ClusterAdvice) -> dict[str, Any]:
+    """Cluster advice as JSON-ready data."""
+    return {
+        "summary": advice.summary,
+        "options": [
+            {
+                "gpu": o.gpu.name,
+                "gpu_memory_bytes": o.gpu.memory,
+                "gpus_per_node": o.gpus_per_node,
+                "nodes": o.nodes,
+                "strategy": o.strategy,
+                "gpu_bytes": o.gpu_bytes,
+            }
+            for o in advice.options
+        ],
+        "recommended": None
+        if advice.recommended is None
+        else {
+            "gpu": advice.recommended.gpu.name,
+            "gpus_per_node": advice.recommended.gpus_per_node,
+            "nodes": advice.recommended.nodes,
+            "strategy": advice.recommended.strategy,
+        },
+        "reasons": list(advice.reasons),
+    }
+
+
+def _layout(option: ClusterOption) -> str:
+    if option.nodes == 1:
+        return f"1 node x {option.gpus_per_node}"
+    return f"{option.nodes} nodes x {option.gpus_per_node}"

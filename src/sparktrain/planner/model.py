@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
 from sparktrain.planner.units import format_count, parse_count
 
 _GATED_ACTIVATIONS = ("silu", "swish", "swiglu", "geglu")

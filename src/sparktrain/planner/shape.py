@@ -9,7 +9,7 @@ tensor x pipeline x FSDP meshes.
 
 from __future__ import annotations
 
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
 from sparktrain.planner.activations import Activations
 from sparktrain.planner.bytemodel import Precision
 from sparktrain.planner.mesh import MeshShapeSpec

@@ -14,7 +14,7 @@ import math
 import re
 from collections.abc import Mapping
 
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
 
 _COUNT_SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
 _BYTE_SUFFIXES = {

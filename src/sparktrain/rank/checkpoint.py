@@ -11,7 +11,7 @@ The last ``keep`` checkpoints are kept.
 In an elastic run (``min_processes``), a checkpoint is where the run may change size: each
 checkpoint records the world size it was saved at, ``load_latest`` calls ``on_rescale(old,
 new)`` when that differs from the current one (to scale the learning rate), and ``save`` raises
-:class:`~sparktrain.errors.GrowBack` in every rank, once the checkpoint is on disk, when the
+:class:`~sparktrain.ground.errors.GrowBack` in every rank, once the checkpoint is on disk, when the
 driver has asked the run to grow back.
 """
 
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from sparktrain.contract import env
-from sparktrain.errors import GrowBack
+from sparktrain.ground.errors import GrowBack
 from sparktrain.rank import reporting
 
 _NAME = re.compile(r"^step-(\d{8,})$")

@@ -1,15 +1,17 @@
 """Inside a rank: a first-time C++ op build is progress, and a stopped one never blocks a run.
 
-DeepSpeed, like every library that builds its ops with ``torch.utils.cpp_extension``, compiles
-an op the first time a process loads it, into ``TORCH_EXTENSIONS_DIR``: about 30 s on a CPU for
-DeepSpeed's ``deepspeed_shm_comm``, printing nothing. torch serialises the builders of an op with
-a lock file (``FileBaton``), which a killed builder leaves behind (:mod:`sparktrain.buildlock`).
+DeepSpeed, like every library that builds its ops with ``torch.utils.cpp_extension``, compiles an op
+the first time a process loads it, into ``TORCH_EXTENSIONS_DIR``: about 30 s on a CPU for
+DeepSpeed's ``deepspeed_shm_comm``, printing nothing. torch serialises the builders of an op with a
+lock file (``FileBaton``), which a killed builder leaves behind
+(:mod:`sparktrain.ground.buildlock`).
 
 :func:`install` replaces the baton's three steps in the rank's process:
 
-- **acquire** makes a lock whose staleness can be proven (:func:`sparktrain.buildlock.create`),
-  and first removes a stale one of ours, so that a build that sparktrain stopped (a timeout, a
-  hang, Ctrl-C, a killed caller) never blocks the next run;
+- **acquire** makes a lock whose staleness can be proven
+  (:func:`sparktrain.ground.buildlock.create`), and first removes a stale one of ours, so that a
+  build that sparktrain stopped (a timeout, a hang, Ctrl-C, a killed caller) never blocks the next
+  run;
 - **wait** is progress while the builder lives: the rank sends its agent a ``busy`` record every
   second (:func:`sparktrain.rank.reporting.busy`), so ``hang_timeout`` does not fire, and on a
   multi-node run the driver passes it to the other nodes, whose ranks wait in the rendezvous. A
@@ -36,7 +38,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from sparktrain import buildlock
+from sparktrain.ground import buildlock
 from sparktrain.rank import reporting
 
 #: Seconds between ``busy`` records while a build is held or waited on.

@@ -22,7 +22,7 @@ import threading
 import time
 from types import FrameType
 
-from sparktrain import procfs
+from sparktrain.ground import procfs
 from sparktrain.rank import reporting
 
 #: Seconds between two looks at the main thread.

@@ -30,7 +30,7 @@ from datetime import timedelta
 from typing import Any
 
 from sparktrain.contract.inplace import FINISHED, gone, joined, members, post, posted, request
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
 
 #: How often a rank waiting on a collective looks at its generation's abort key (seconds).
 ABORT_POLL_SECONDS = 0.01

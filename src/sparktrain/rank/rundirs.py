@@ -18,7 +18,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from sparktrain import procfs
+from sparktrain.ground import procfs
 
 _NAME = re.compile(r"^sparktrain-(?P<kind>[a-z]+)-(?P<pid>\d+)-(?P<start>\d+)-")
 

@@ -34,11 +34,11 @@ from typing import Any
 
 import cloudpickle
 
-from sparktrain import procfs, proctree
 from sparktrain.contract.paths import error_path, payload_path, result_path, stack_path, wait_path
-from sparktrain.horovod import alias
+from sparktrain.ground import procfs, proctree
 from sparktrain.launchplan.entrypoint import ScriptEntry
 from sparktrain.rank import extensions, imports, process_groups, reporting, stores
+from sparktrain.rank import horovod_alias as alias
 
 _stack_file: Any = None
 

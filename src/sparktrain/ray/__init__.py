@@ -4,7 +4,7 @@
 when called.
 """
 
-from sparktrain.ray.keeper import start_local
+from sparktrain.backends.ray.connect import start_local
 from sparktrain.ray.on_spark import RayOnSpark, setup_on_spark
 
 __all__ = ["RayOnSpark", "setup_on_spark", "start_local"]

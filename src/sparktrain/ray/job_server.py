@@ -150,7 +150,7 @@ class JobServerGuard:
         from ray.autoscaler._private.spark import spark_job_server
         from ray.util.spark import cluster_init
 
-        from sparktrain.ray.on_spark import write_token
+        from sparktrain.ray.tokens import write_token
 
         guard = cls(*write_token(), loopback=loopback)
         guard._patch(guard._setup, spark_job_server, "_start_spark_job_server", guard._start)

@@ -39,15 +39,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import secrets
 import shutil
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from sparktrain.errors import ConfigError
-from sparktrain.ray import procs
+from sparktrain.backends.ray import procs
+from sparktrain.ground.errors import ConfigError
+from sparktrain.ray.tokens import write_token
 
 if TYPE_CHECKING:
     from sparktrain.ray.job_server import JobServerGuard
@@ -138,17 +137,6 @@ def _path_variable() -> dict[str, str]:
     return {}
 
 
-def write_token() -> tuple[str, str]:
-    """A fresh cluster token, written to a file only this user can read; (token, path)."""
-    folder = tempfile.mkdtemp(prefix="sparktrain-ray-auth-")  # created 0700
-    path = os.path.join(folder, "token")
-    token = secrets.token_hex(32)  # 256 bits, as Ray's own generator
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(token)
-    return token, path
-
-
 def _reload_auth() -> None:
     """Make this process's Ray read its authentication settings again (it caches them)."""
     with contextlib.suppress(ImportError):
@@ -217,7 +205,7 @@ def _set_environment(extra: dict[str, str], workers: dict[str, str]) -> dict[str
 
 def _master() -> str:
     """The active SparkSession's master (``""`` when it has none to tell, as on Spark Connect)."""
-    from sparktrain.driver.spark import active_session
+    from sparktrain.backends.spark.session import active_session
 
     try:
         return str(active_session().sparkContext.master)
@@ -260,8 +248,8 @@ def setup_on_spark(
         ConfigError: Ray or pyspark is missing, there is no active SparkSession, or this
             process is already connected to another Ray.
     """
-    from sparktrain.driver.ray import import_ray
-    from sparktrain.driver.spark import active_session
+    from sparktrain.backends.ray.connect import import_ray
+    from sparktrain.backends.spark.session import active_session
 
     ray = import_ray()
     try:

@@ -15,18 +15,18 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
 
 if TYPE_CHECKING:
     from sparktrain.spark.estimator import TorchEstimator
     from sparktrain.spark.model import TorchModel
     from sparktrain.spark.predict import predict
-    from sparktrain.spark.training import FitContext
+    from sparktrain.spark.rank.fitjob import FitContext
 
 __all__ = ["FitContext", "TorchEstimator", "TorchModel", "predict"]
 
 _LAZY = {
-    "FitContext": "sparktrain.spark.training",
+    "FitContext": "sparktrain.spark.rank.fitjob",
     "TorchEstimator": "sparktrain.spark.estimator",
     "TorchModel": "sparktrain.spark.model",
     "predict": "sparktrain.spark.predict",

@@ -4,7 +4,7 @@
 progress bar and MLflow tracking): the driver checks the params and the columns, lays the ranks
 out (``numProcesses``, ``localMode``/``backend``, ``useGpu``), has Spark write the needed columns
 once to the data cache (``sparktrain.data``: the executors write, nothing is collected), and
-every rank streams its share and runs ``sparktrain.spark.training``. Rank 0's trained model
+every rank streams its share and runs ``sparktrain.spark.rank.training``. Rank 0's trained model
 comes back as a :class:`~sparktrain.spark.TorchModel` that shares this estimator's uid and
 column params, as Spark's own models do.
 """
@@ -19,14 +19,17 @@ from pyspark.ml import Estimator
 from pyspark.ml.util import MLReadable, MLWritable
 from typing_extensions import Unpack
 
-from sparktrain.errors import ConfigError
+from sparktrain.backends.registry import BackendName, for_local_mode
+from sparktrain.ground.errors import ConfigError
 from sparktrain.launchplan.options import NAMES, RunOptions, RunOptionsArgs, run_options
-from sparktrain.spark import fitdata, inference, tasks
+from sparktrain.spark import fitdata, inference
 from sparktrain.spark.model import TorchModel
 from sparktrain.spark.params import OBJECT_PARAMS, FitParams, set_given
 from sparktrain.spark.persistence import StageReader, StageWriter
+from sparktrain.spark.rank import tasks
+from sparktrain.spark.rank.fitjob import FitJob
+from sparktrain.spark.rank.training import run_fit
 from sparktrain.spark.setters import FitSetters
-from sparktrain.spark.training import FitJob, run_fit
 
 _NUMBER_TYPES = ("ByteType", "ShortType", "IntegerType", "LongType", "FloatType", "DoubleType",
                  "DecimalType", "BooleanType")  # fmt: skip
@@ -100,7 +103,7 @@ class TorchEstimator(
         numProcesses: int = 1,
         localMode: bool = False,
         useGpu: bool | None = None,
-        backend: str | None = None,
+        backend: BackendName | None = None,
         strategy: str = "ddp",
         shuffle: bool = True,
         seed: int = 0,
@@ -173,7 +176,7 @@ class TorchEstimator(
         check_schema(dataset, (*inputs, *([weight] if weight else [])), names)
         task = tasks.resolve_task(self.getTask(), self.getLoss())
         options = self.getRunOptions() or RunOptions()
-        backend = self.getBackend() or ("local" if self.getLocalMode() else "spark")
+        backend = for_local_mode(self.getLocalMode(), self.getBackend())
         prepared = prepare(
             self.getNumProcesses(), use_gpu=self.getUseGpu(), backend=backend, options=options,
             name="numProcesses",

@@ -2,11 +2,11 @@
 
 The DataFrame is ``spark.range(parts)`` mapped with ``mapInArrow``: each Spark task gets part
 numbers (a few bytes), reads those parts' row groups from the files itself
-(:mod:`sparktrain.inference.reading`), runs the model, and returns only the kept columns and the
-prediction as Arrow. So the input column never goes from the JVM to Python; only what the user
-keeps comes back. ``mapInArrow`` is in every pyspark from 3.3, classic and Connect, so the path
-is the same on all of them (pyspark 4's Python Data Source API would add nothing here: the
-reading is ours either way).
+(:mod:`sparktrain.inference.rank.reading`), runs the model, and returns only the kept columns and
+the prediction as Arrow. So the input column never goes from the JVM to Python; only what the user
+keeps comes back. ``mapInArrow`` is in every pyspark from 3.3, classic and Connect, so the path is
+the same on all of them (pyspark 4's Python Data Source API would add nothing here: the reading is
+ours either way).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from sparktrain.inference.parts import ScoringPlan
+from sparktrain.inference.rank.parts import ScoringPlan
 
 #: Rows per Arrow batch handed to the JVM: fewer, larger batches cost the JVM less per row
 #: (1,024-row batches made the whole path 1.25x slower here).
@@ -33,8 +33,8 @@ def output_schema(plan: ScoringPlan, kept: Any = None) -> Any:
     from pyspark.sql import types as T
     from pyspark.sql.pandas.types import from_arrow_type
 
-    from sparktrain.errors import ConfigError
-    from sparktrain.inference import outputs
+    from sparktrain.ground.errors import ConfigError
+    from sparktrain.inference.rank import outputs
 
     fields = []
     for name in plan.keep:
@@ -67,8 +67,8 @@ def scored_dataframe(spark: Any, plan: ScoringPlan, kept: Any = None) -> Any:
     def run(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
-        from sparktrain.inference.reading import coalesced, score_part
-        from sparktrain.spark.scoring import task_device
+        from sparktrain.inference.rank.reading import coalesced, score_part
+        from sparktrain.spark.rank.scoring import task_device
 
         device = task_device(plan.use_gpu)
         for batch in batches:

@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sparktrain.errors import ConfigError
-from sparktrain.spark import tasks
-from sparktrain.spark.loop import metrics
+from sparktrain.ground.errors import ConfigError
 from sparktrain.spark.params import FitParams, quoted
-from sparktrain.spark.training import FitControls
+from sparktrain.spark.rank import tasks
+from sparktrain.spark.rank.fitjob import FitControls
+from sparktrain.spark.rank.loop import metrics
 
 #: The name of a run folder made for a fit without a ``runId`` starts so.
 UNNAMED = "fit-"

@@ -18,10 +18,10 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from sparktrain.errors import ConfigError
-from sparktrain.inference import outputs
+from sparktrain.ground.errors import ConfigError
 from sparktrain.inference.models import run_sample
-from sparktrain.spark.scoring import Scorer, score
+from sparktrain.inference.rank import outputs
+from sparktrain.spark.rank.scoring import Scorer, score
 
 #: Use Arrow UDFs where pyspark has them (tests turn it off to run the mapInArrow path).
 ARROW_UDF = True

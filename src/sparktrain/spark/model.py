@@ -2,8 +2,8 @@
 
 ``TorchEstimator.fit`` returns one; any ``torch.nn.Module`` can be wrapped in one too
 (``TorchModel(module, featuresCol="features", task="classification")``). ``transform(df)``
-adds the columns of the model's task (``sparktrain.spark.tasks``), computed in the executors
-with the model loaded once per Python worker (``sparktrain.spark.scoring``): a model from
+adds the columns of the model's task (``sparktrain.spark.rank.tasks``), computed in the executors
+with the model loaded once per Python worker (``sparktrain.spark.rank.scoring``): a model from
 ``fit`` knows its output type and input widths; a wrapped module is run on two rows on the
 driver first to learn them.
 """
@@ -16,13 +16,14 @@ from typing import Any
 from pyspark.ml import Model
 from pyspark.ml.util import MLReadable, MLWritable
 
-from sparktrain.errors import ConfigError
-from sparktrain.inference import outputs
+from sparktrain.ground.errors import ConfigError
 from sparktrain.inference.models import model_payload
-from sparktrain.spark import inference, tasks
+from sparktrain.inference.rank import outputs
+from sparktrain.spark import inference
 from sparktrain.spark.params import TorchParams, quoted, set_given
 from sparktrain.spark.persistence import StageReader, StageWriter
-from sparktrain.spark.scoring import Scorer
+from sparktrain.spark.rank import tasks
+from sparktrain.spark.rank.scoring import Scorer
 from sparktrain.spark.setters import TorchSetters
 
 _FIELD_PARAMS = (("prediction", "predictionCol"), ("raw", "rawPredictionCol"),

@@ -24,8 +24,9 @@ from pyspark.ml.param.shared import (
     HasSeed,
 )
 
-from sparktrain.errors import ConfigError
-from sparktrain.spark import tasks
+from sparktrain.backends.registry import BackendName, check_backend
+from sparktrain.ground.errors import ConfigError
+from sparktrain.spark.rank import tasks
 from sparktrain.spark.trainparams import OBJECTS, TrainingParams
 
 #: Params holding Python objects: pickled by ML persistence, not written as JSON.
@@ -209,9 +210,9 @@ class FitParams(TorchParams, TrainingParams, HasLabelCol, HasBatchSize, HasLearn
         """Whether the ranks run on the driver's machine."""
         return self.getOrDefault(self.localMode)
 
-    def getBackend(self) -> str | None:
+    def getBackend(self) -> BackendName | None:
         """Where the ranks run (``None``: follow ``localMode``)."""
-        return self.getOrDefault(self.backend)  # type: ignore[no-any-return]
+        return self.getOrDefault(self.backend)
 
     def getStrategy(self) -> str:
         """The strategy given to ``prepare_model``."""
@@ -227,7 +228,7 @@ class FitParams(TorchParams, TrainingParams, HasLabelCol, HasBatchSize, HasLearn
 
     def check_fit(self) -> None:
         """Refuse bad values of the params that ``fit`` uses, naming the fix."""
-        from sparktrain.spark.loop.lightning import is_lightning
+        from sparktrain.spark.rank.loop.lightning import is_lightning
         from sparktrain.strategies import STRATEGIES
 
         self.check_outputs()
@@ -263,7 +264,5 @@ class FitParams(TorchParams, TrainingParams, HasLabelCol, HasBatchSize, HasLearn
             raise ConfigError(
                 f"unknown strategy {self.getStrategy()!r}; choose one of: {', '.join(STRATEGIES)}"
             )
-        if self.getBackend() not in (None, "local", "spark", "ray"):
-            raise ConfigError(
-                f"backend={self.getBackend()!r} must be 'local', 'spark', 'ray' or None."
-            )
+        if self.getBackend() is not None:
+            check_backend(self.getBackend())

@@ -28,8 +28,8 @@ from pyspark.ml.util import (
     MLWriter,
 )
 
-from sparktrain._version import __version__
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
+from sparktrain.ground.version import __version__
 from sparktrain.spark.params import OBJECT_PARAMS
 
 #: Bytes per row of a stage's pickled objects.
@@ -41,13 +41,13 @@ T = TypeVar("T", bound=MLReadable[Any])
 def _session(given: Any) -> Any:
     if given is not None:
         return given
-    from sparktrain.driver.spark import active_session
+    from sparktrain.backends.spark.session import active_session
 
     return active_session()
 
 
 def _is_connect(session: Any) -> bool:
-    from sparktrain.driver.spark import is_connect
+    from sparktrain.backends.spark.session import is_connect
 
     return is_connect(session)
 

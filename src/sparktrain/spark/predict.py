@@ -20,10 +20,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from sparktrain.errors import ConfigError
-from sparktrain.inference import outputs
+from sparktrain.ground.errors import ConfigError
 from sparktrain.inference.models import load_model, model_payload
 from sparktrain.inference.planning import ScoringArgs
+from sparktrain.inference.rank import outputs
 from sparktrain.spark.inference import (
     check_columns,
     column_names,
@@ -33,7 +33,7 @@ from sparktrain.spark.inference import (
     sample_output,
     with_scores,
 )
-from sparktrain.spark.scoring import Scorer
+from sparktrain.spark.rank.scoring import Scorer
 
 VIA = ("auto", "files", "udf")
 

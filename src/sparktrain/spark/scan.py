@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparktrain.data.sources import Source
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
 
 _COMPARE = {
     "EqualTo": "__eq__",

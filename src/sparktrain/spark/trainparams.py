@@ -13,8 +13,8 @@ from typing import Any
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasWeightCol
 
-from sparktrain.errors import ConfigError
-from sparktrain.spark.loop import controls, metrics
+from sparktrain.ground.errors import ConfigError
+from sparktrain.spark.rank.loop import controls, metrics
 
 
 def _param(name: str, doc: str, converter: Any = TypeConverters.identity) -> Any:

@@ -15,12 +15,11 @@ from sparktrain.strategies.prepare import (
     backward,
     device,
     forward_backward,
-    full_state_dict,
-    plain_module,
     prepare_model,
     prepare_optimizer,
 )
 from sparktrain.strategies.reshard import load_sharded_state, sharded_state, to_universal
+from sparktrain.strategies.unwrap import full_state_dict, plain_module
 from sparktrain.strategies.zero import deepspeed_config
 
 __all__ = [

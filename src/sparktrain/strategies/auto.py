@@ -4,7 +4,7 @@ Runs inside a rank. ``auto`` is a strategy object like the others, but its one r
 resolve: it picks another registered strategy and its options, and ``prepare_model`` runs that
 one (the prepared model records the strategy that made it, not ``auto``). Without the run's
 shape the planner weighs model states only and picks a data-parallel row; the registry says
-which strategy runs each row (:func:`sparktrain.strategies.registry.auto_map`: PyTorch's own
+which strategy runs each row (:func:`runs_of` over the registry's strategies: PyTorch's own
 wrappers, so that ``auto`` needs no DeepSpeed). With ``plan_shape`` (``seq_len``,
 ``micro_batch``, ...) it weighs activations too and may recommend a tensor x pipeline mesh,
 which runs as ``fsdp`` with ``tp``/``pp``.
@@ -13,11 +13,13 @@ which runs as ``fsdp`` with ``tp``/``pp``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
 from sparktrain.contract.env import contract_int
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
+from sparktrain.planner.strategies import STRATEGIES as PLANNER_ROWS
 from sparktrain.planner.strategies import Strategy as PlannerRow
 from sparktrain.strategies.base import Strategy, device, world
 from sparktrain.strategies.options import PrepareOptions
@@ -25,10 +27,30 @@ from sparktrain.strategies.options import PrepareOptions
 log = logging.getLogger("sparktrain.strategies")
 
 
-def choose(model: Any, options: PrepareOptions) -> tuple[str, dict[str, Any]]:
+Runs = dict[PlannerRow, tuple[Strategy, Mapping[str, bool]]]
+
+
+def runs_of(strategies: Iterable[Strategy]) -> Runs:
+    """Each planner row, with the strategy among ``strategies`` that ``auto`` runs it as.
+
+    Raises:
+        ValueError: A row no strategy runs, or one claimed twice (a registry bug).
+    """
+    runs: Runs = {}
+    for strategy in strategies:
+        for row, sharding in strategy.auto_runs.items():
+            if row in runs:
+                raise ValueError(f"planner row {row!r} is run by two strategies")
+            runs[row] = (strategy, sharding)
+    missing = [row for row in PLANNER_ROWS if row not in runs]
+    if missing:
+        raise ValueError(f"no strategy runs the planner's {', '.join(missing)}")
+    return runs
+
+
+def choose(model: Any, options: PrepareOptions, runs: Runs) -> tuple[str, dict[str, Any]]:
     """The strategy name and the options it runs with (``tp``/``pp`` for a mesh)."""
     from sparktrain.planner import plan
-    from sparktrain.strategies.registry import auto_map
 
     dist = world()
     where = device()
@@ -60,7 +82,7 @@ def choose(model: Any, options: PrepareOptions) -> tuple[str, dict[str, Any]]:
             "strategy='auto': no strategy fits this model on these GPUs:\n" + str(chosen)
         )
     else:
-        runner, sharding = auto_map()[chosen.recommended]
+        runner, sharding = runs[chosen.recommended]
         name, settings = runner.name, dict(sharding)
         said, reasons = chosen.recommended, chosen.reasons
     if dist.get_rank() == 0:
@@ -91,21 +113,23 @@ class AutoStrategy(Strategy):
 
     name = "auto"
 
+    def __init__(self, among: Iterable[Strategy]) -> None:
+        """Choose among ``among``: the registry's other strategies (it makes this one)."""
+        self.among = {strategy.name: strategy for strategy in among}
+
     def priced_as(self, options: PrepareOptions) -> PlannerRow | None:
         """``None``: the row is the planner's recommendation, known once resolved."""
         return None
 
     def resolve(self, model: Any, options: PrepareOptions) -> tuple[Strategy, PrepareOptions]:
         """The chosen strategy, with the sharding and layout ``auto`` chose over the user's."""
-        from sparktrain.strategies.registry import get
-
-        name, settings = choose(model, options)
+        name, settings = choose(model, options, runs_of(self.among.values()))
         layout = options.parallel
         parallel = replace(
             layout, tp=settings.pop("tp", layout.tp), pp=settings.pop("pp", layout.pp)
         )
         sharding = replace(options.sharding, **settings)
-        return get(name), replace(options, sharding=sharding, parallel=parallel)
+        return self.among[name], replace(options, sharding=sharding, parallel=parallel)
 
     def prepare(self, model: Any, options: PrepareOptions, where: Any) -> Any:
         """Resolve, then the chosen strategy's module step."""

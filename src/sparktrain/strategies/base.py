@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from sparktrain.contract.env import contract_int
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
 from sparktrain.planner.strategies import Strategy as PlannerRow
 from sparktrain.strategies.options import PrepareOptions
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparktrain.contract.env import contract_int
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
 from sparktrain.strategies.mesh import MeshShape, build_mesh, mesh_shape
 from sparktrain.strategies.split import check_microbatches, check_schedule
 from sparktrain.strategies.tensor_parallel import apply_tensor_parallel, check_plan

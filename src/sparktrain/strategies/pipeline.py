@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
 from sparktrain.strategies.mesh import MeshShape
 from sparktrain.strategies.split import MULTI_STAGE, SCHEDULES, split_children
 

@@ -6,9 +6,10 @@ Runs inside a rank. Each name is a strategy object of the registry
 ``prepare_model`` checks its arguments, groups them by concern
 (:mod:`sparktrain.strategies.options`; its flat keywords are the public surface and stay), looks
 the strategy up, lets it resolve (``auto`` picks another), and runs its steps. The prepared model
-records the object that made it, so :func:`prepare_optimizer`, :func:`full_state_dict` and
-:func:`plain_module` ask it rather than test the model's type; models wrapped elsewhere take the
-steps that fit their type (:func:`~sparktrain.strategies.registry.strategy_of`). With
+records the object that made it, so :func:`prepare_optimizer`, ``full_state_dict`` and
+``plain_module`` (:mod:`sparktrain.strategies.unwrap`) ask it rather than test the model's
+type; models wrapped elsewhere take the steps that fit their type
+(:func:`~sparktrain.strategies.registry.strategy_of`). With
 :func:`prepare_optimizer` and :func:`backward`, which the ZeRO stages need and the others accept,
 one loop serves all.
 """
@@ -18,12 +19,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
 from sparktrain.strategies import registry
 from sparktrain.strategies.base import Strategy, device, mark, world
 from sparktrain.strategies.composed import Pipelining
 from sparktrain.strategies.options import Budget, Parallelism, PrepareOptions, Sharding
-from sparktrain.strategies.skeleton import rebuild, weightless_copy
+from sparktrain.strategies.skeleton import weightless_copy
+from sparktrain.strategies.unwrap import SKELETON
 from sparktrain.tracking.rank import log_params
 
 log = logging.getLogger("sparktrain.strategies")
@@ -31,16 +33,12 @@ log = logging.getLogger("sparktrain.strategies")
 #: Every strategy name, in the order the registry lists them.
 STRATEGIES: tuple[str, ...] = registry.names()
 _PRECISIONS = (None, "bf16", "fp16")
-#: The weightless copy of the plain module, on models that need one (not a submodule).
-_SKELETON = "_sparktrain_skeleton"
 
 __all__ = [
     "STRATEGIES",
     "backward",
     "device",
     "forward_backward",
-    "full_state_dict",
-    "plain_module",
     "prepare_model",
     "prepare_optimizer",
     "world",
@@ -140,7 +138,7 @@ def _run_steps(strategy: Strategy, model: Any, options: PrepareOptions) -> Any:
     prepared = strategy.prepare(model, options, where)
     mark(prepared, strategy)
     if skeleton is not None:  # log_model rebuilds the plain module from the gathered state
-        object.__setattr__(prepared, _SKELETON, skeleton)
+        object.__setattr__(prepared, SKELETON, skeleton)
     return prepared
 
 
@@ -182,26 +180,3 @@ def forward_backward(
     loss = loss_fn(output, target)
     backward(loss, optimizer)
     return loss.detach()
-
-
-def full_state_dict(model: Any) -> dict[str, Any]:
-    """The whole, unwrapped ``state_dict`` of a prepared model, on every rank, on the CPU.
-
-    A collective for FSDP, ZeRO-3 and pipelines (the shards and stages are gathered): call it on
-    every rank. A DDP or FSDP module wrapped outside :func:`prepare_model` works too.
-    """
-    return registry.strategy_of(model).full_state_dict(model)
-
-
-def plain_module(model: Any) -> Any:
-    """``model`` as a plain module with whole weights, loadable without a process group.
-
-    DDP and FSDP1 wrappers are unwrapped; models that ``prepare_model`` sharded, split or handed
-    to DeepSpeed (FSDP2, ``tp``/``pp``, the ZeRO stages) are rebuilt on the CPU from their
-    gathered state and a weightless skeleton, which is a collective: call it on every rank.
-    """
-    skeleton = getattr(model, _SKELETON, None)
-    if skeleton is not None:
-        return rebuild(skeleton, full_state_dict(model))
-    module = getattr(model, "module", model)  # DDP, FSDP1
-    return getattr(module, "module", module)

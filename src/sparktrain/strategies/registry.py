@@ -18,11 +18,9 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from sparktrain.errors import ConfigError
-from sparktrain.planner.strategies import STRATEGIES as PLANNER_ROWS
-from sparktrain.planner.strategies import Strategy as PlannerRow
+from sparktrain.ground.errors import ConfigError
 from sparktrain.strategies import zero
-from sparktrain.strategies.auto import AutoStrategy
+from sparktrain.strategies.auto import AutoStrategy, Runs, runs_of
 from sparktrain.strategies.base import Strategy, made_by
 from sparktrain.strategies.ddp import DdpStrategy
 from sparktrain.strategies.fsdp import FsdpStrategy
@@ -38,9 +36,8 @@ def _registry(*strategies: Strategy) -> Mapping[str, Strategy]:
 
 
 #: Every strategy object by name, in the order the error lists them.
-REGISTRY: Mapping[str, Strategy] = _registry(
-    DdpStrategy(), FsdpStrategy(), *zero.ZERO_STRATEGIES, AutoStrategy()
-)
+_CONCRETE: tuple[Strategy, ...] = (DdpStrategy(), FsdpStrategy(), *zero.ZERO_STRATEGIES)
+REGISTRY: Mapping[str, Strategy] = _registry(*_CONCRETE, AutoStrategy(among=_CONCRETE))
 
 
 def names() -> tuple[str, ...]:
@@ -74,19 +71,10 @@ def strategy_of(prepared: Any) -> Strategy:
     return REGISTRY["ddp"]
 
 
-def auto_map() -> dict[PlannerRow, tuple[Strategy, Mapping[str, bool]]]:
+def auto_map() -> Runs:
     """Each planner row, with the strategy ``auto`` runs it as and the sharding it sets.
 
     Raises:
         ValueError: A row no strategy runs, or one claimed twice (a registry bug).
     """
-    runs: dict[PlannerRow, tuple[Strategy, Mapping[str, bool]]] = {}
-    for strategy in REGISTRY.values():
-        for row, sharding in strategy.auto_runs.items():
-            if row in runs:
-                raise ValueError(f"planner row {row!r} is run by two strategies")
-            runs[row] = (strategy, sharding)
-    missing = [row for row in PLANNER_ROWS if row not in runs]
-    if missing:
-        raise ValueError(f"no strategy runs the planner's {', '.join(missing)}")
-    return runs
+    return runs_of(REGISTRY.values())

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
 from sparktrain.rank.checkpoint import Checkpoint, latest_step, load_latest
 from sparktrain.strategies import zero
 

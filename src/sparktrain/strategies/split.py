@@ -14,7 +14,7 @@ import difflib
 from collections.abc import Sequence
 from itertools import pairwise
 
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
 from sparktrain.planner.partition import balanced_bounds
 
 #: The schedules ``prepare_model(pp=...)`` takes, by our name, with torch's class name.

@@ -21,7 +21,7 @@ import fnmatch
 import logging
 from typing import Any
 
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
 
 log = logging.getLogger("sparktrain.strategies")
 

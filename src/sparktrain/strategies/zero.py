@@ -22,7 +22,7 @@ from typing import Any
 
 from torch import nn
 
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
 from sparktrain.planner.strategies import Strategy as PlannerRow
 from sparktrain.strategies.base import Strategy, mark
 from sparktrain.strategies.options import PrepareOptions

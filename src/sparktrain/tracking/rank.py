@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sparktrain.contract import env
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
 
 
 def _run() -> tuple[Any, str] | None:
@@ -67,7 +67,7 @@ def log_model(model: Any, name: str = "model", **options: Any) -> str | None:
     Returns:
         On rank 0 (tracking on), the logged model's URI; elsewhere ``None``.
     """
-    from sparktrain.strategies import plain_module
+    from sparktrain.strategies.unwrap import plain_module
 
     plain = plain_module(model)
     found = _run()

@@ -20,9 +20,11 @@ from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, Literal
 
+from sparktrain.backends.base import Backend
+from sparktrain.backends.registry import BackendName
 from sparktrain.driver.launch import PreparedLaunch, prepare
 from sparktrain.driver.monitor import Monitor
-from sparktrain.errors import (
+from sparktrain.ground.errors import (
     ClusterError,
     ConfigError,
     HangError,
@@ -53,7 +55,7 @@ def tune(
     num_processes_per_trial: int = 1,
     scheduler: Any = "asha",
     sampler: Any = None,
-    backend: Literal["local", "spark", "ray"] = "local",
+    backend: BackendName | Backend = "local",
     use_gpu: bool | None = None,
     ray_address: str | None = None,
     storage: str | None = None,

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 from sparktrain.driver.results import RunResult
-from sparktrain.errors import ConfigError
+from sparktrain.ground.errors import ConfigError
 from sparktrain.tuning.results import TrialRecord, TrialState
 from sparktrain.tuning.space import optuna_module
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from sparktrain.tracking import driver
+from sparktrain.driver import tracking as driver
 from sparktrain.tuning.results import TrialRecord, TuneResult
 
 

@@ -1,0 +1,1 @@
+"""The node side of a ``LocalCluster``: the process each node is."""

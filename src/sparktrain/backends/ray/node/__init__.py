@@ -1,0 +1,1 @@
+"""The node side of the Ray backend: inside the actor of one node."""

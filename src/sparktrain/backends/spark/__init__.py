@@ -1,0 +1,1 @@
+"""The Spark backend: one barrier task per node on the active SparkSession's executors."""

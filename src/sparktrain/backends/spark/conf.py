@@ -1,0 +1,88 @@
+"""What a Spark session's settings allow, read on the driver: TLS, and the driver's own GPUs.
+
+- **TLS.** With ``spark.ssl.enabled=true`` a run on the executors is refused, as pyspark's
+  ``TorchDistributor`` and spark-tensorflow-distributor refuse it: their training traffic, and
+  sparktrain's, is not encrypted in transit. Each front door honours its original's override
+  conf (:mod:`sparktrain.launchplan.front`), and ``spark.sparktrain.ignoreSsl`` works for all.
+- **The driver's GPUs.** In local mode with an active session whose driver has GPU resources
+  (``spark.driver.resource.gpu.*``), those are the GPUs the ranks may use, read through the
+  driver's ``CUDA_VISIBLE_DEVICES``, as pyspark's local mode reads them. pyspark is consulted
+  only when it is already imported: planning a local run never imports it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from typing import Any
+
+from sparktrain.contract import env
+from sparktrain.ground.errors import ClusterConfigError, ConfigError
+from sparktrain.launchplan.front import FrontDoor
+from sparktrain.launchplan.topology import spark_gpus
+
+log = logging.getLogger("sparktrain")
+
+
+def conf_flag(session: Any, key: str) -> bool:
+    """A true/false Spark conf (any case; unset is false); another value is refused."""
+    value = str(session.conf.get(key, "false") or "false").strip().lower()
+    if value not in ("true", "false"):
+        raise ConfigError(f"the Spark conf {key}={value!r} must be 'true' or 'false'.")
+    return value == "true"
+
+
+_warned_tls: set[str] = set()
+
+
+def check_encryption(session: Any, front: FrontDoor) -> None:
+    """Refuse a cluster with TLS on unless one of ``front``'s overrides is ``true``.
+
+    As pyspark and spark-tensorflow-distributor do with ``spark.ssl.enabled``; with an override
+    set, one warning (per front door and process) says what travels unencrypted.
+
+    Raises:
+        ClusterConfigError: TLS is on and no override is set.
+    """
+    if not conf_flag(session, "spark.ssl.enabled"):
+        return
+    overrides = front.ignore_ssl_confs()
+    what = (
+        f"This cluster has TLS encryption enabled (spark.ssl.enabled=true); however, "
+        f"{front.name}'s training traffic is not encrypted in transit: the collectives between "
+        "ranks (gloo, NCCL), the rendezvous store and the values the ranks return travel in "
+        "the clear. (sparktrain's channel between the executors and the driver is "
+        "authenticated with a per-run secret, but not encrypted either.)"
+    )
+    if any(conf_flag(session, key) for key in overrides):
+        if front.name not in _warned_tls:
+            _warned_tls.add(front.name)
+            log.warning("%s Running anyway: an override (%s) is set to 'true'.", what, overrides)
+        return
+    raise ClusterConfigError(
+        f"{what} To run {front.name} anyway, set '{overrides[0]}' to 'true' in the Spark "
+        "configuration; model parameters and possibly training data will then be sent between "
+        "nodes unencrypted."
+    )
+
+
+def driver_gpus() -> tuple[str, ...] | None:
+    """The GPUs of the active SparkSession's driver, as devices of this process.
+
+    ``None`` when there is no classic session, or its driver has no GPU resources
+    (``spark.driver.resource.gpu.*``).
+    """
+    if "pyspark" not in sys.modules:
+        return None
+    session = None
+    with contextlib.suppress(Exception):
+        from pyspark.sql import SparkSession
+
+        session = SparkSession.getActiveSession()
+    if session is None or type(session).__module__.startswith("pyspark.sql.connect"):
+        return None
+    resources = session.sparkContext.resources
+    if "gpu" not in resources:
+        return None
+    return spark_gpus(list(resources["gpu"].addresses), env.cuda_visible_devices())

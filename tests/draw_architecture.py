@@ -3,14 +3,13 @@
 ``python tests/draw_architecture.py`` writes it; ``tests/test_layering.py`` fails when the
 drawing on disk is not what the code draws now. The top of the picture is a band per role, from
 the caller's front doors down to the ground every process stands on, holding the folders of
-that role (with their modules). The bottom is the rules: a cell per pair of roles, marked where
+that role. The bottom is the rules: a cell per pair of roles, marked where
 the code imports (``uses``), where it may but does not (blank), and where it never may
 (``never``). Only the code and ``tests/roles.py`` decide what is drawn; no layout is kept by hand.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from html import escape
 from pathlib import Path
 
@@ -21,7 +20,7 @@ IMAGE = Path(__file__).resolve().parents[1] / "docs" / "images" / "architecture.
 WIDTH = 1100
 MARGIN = 20
 LABEL = 150  # the band's title column
-BOX_W, BOX_H, GAP = 196, 38, 8
+BOX_W, BOX_H, GAP = 196, 28, 8
 PER_ROW = (WIDTH - 2 * MARGIN - LABEL) // (BOX_W + GAP)
 CELL_W, CELL_H = 78, 26
 COLOURS = {
@@ -44,7 +43,6 @@ def _text(x: float, y: float, text: str, size: int = 12, **attrs: str) -> str:
 
 def _bands(top: float) -> tuple[list[str], float]:
     """A band per role with its folders' boxes; the SVG parts and the bottom's height."""
-    per_folder = Counter(m.rpartition("/")[0] for m in _modules())
     parts: list[str] = []
     y = top
     for role in ROLES:
@@ -64,15 +62,9 @@ def _bands(top: float) -> tuple[list[str], float]:
                 f"<rect x='{bx}' y='{by:g}' width='{BOX_W}' height='{BOX_H}' rx='5' "
                 "fill='white' stroke='#64748b'/>"
             )
-            parts.append(_text(bx + 8, by + 16, (folder or "sparktrain") + "/", 12))
-            count = per_folder[folder]
-            parts.append(_text(bx + 8, by + 31, f"{count} module{'s' * (count != 1)}", 10))
+            parts.append(_text(bx + 8, by + 19, (folder or "sparktrain") + "/", 12))
         y += height + GAP
     return parts, y
-
-
-def _modules() -> list[str]:
-    return sorted(graph())
 
 
 def _uses() -> set[tuple[str, str]]:

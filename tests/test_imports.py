@@ -128,7 +128,8 @@ def test_every_front_door_documents_every_run_option() -> None:
     """The docstrings list the options from RunOptions' fields, so none is ever missing."""
     from sparktrain.horovod.runner import run as horovod_run
     from sparktrain.inference import score
-    from sparktrain.launchplan.options import NAMES, OPTIONS_MARK
+    from sparktrain.launchplan.option_docs import OPTIONS_MARK
+    from sparktrain.launchplan.options import NAMES
 
     doors = [
         sparktrain.launch,
@@ -156,3 +157,20 @@ def test_a_users_subclass_of_a_front_door_is_left_as_it_is() -> None:
 
     assert Mine.__init__.__doc__ == "My own distributor."
     assert Mine().num_processes == 1
+
+
+def test_the_keyword_type_names_every_option_of_every_group() -> None:
+    """``RunOptionsArgs`` (the front doors' ``**options``) is the groups' fields, name for name
+    and type for type: a new option cannot be left out of it."""
+    import dataclasses
+
+    from sparktrain.launchplan.options import GROUPS, NAMES, RunOptions, RunOptionsArgs
+
+    assert tuple(RunOptionsArgs.__annotations__) == NAMES
+    widened = {"log_ranks": "Collection[int] | None"}  # any collection in, a frozen set kept
+    for group in GROUPS.values():
+        for item in dataclasses.fields(group):
+            wanted = widened.get(item.name, item.type)
+            typed = RunOptionsArgs.__annotations__[item.name]
+            assert getattr(typed, "__forward_arg__", typed) == wanted, item.name
+    assert [f.name for f in dataclasses.fields(RunOptions)] == list(GROUPS)

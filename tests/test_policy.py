@@ -14,13 +14,23 @@ import pytest
 from sparktrain import ClusterError, ConfigError, TrainingFailedError, TrainingTimeoutError
 from sparktrain.ground.errors import CapacityError, ClusterConfigError, HangError, RankFailure
 from sparktrain.launchplan.options import RunOptions
-from sparktrain.launchplan.policy import Decision, Ended, Tally, decide, ended_by
+from sparktrain.launchplan.policy import Decision, Ended, Room, Tally, decide, ended_by
 
 PLAIN = RunOptions()
 RESTARTS = RunOptions(max_restarts=2)
 ELASTIC = RunOptions(min_processes=1, max_rescales=2)
 BOTH = RunOptions(min_processes=1, max_rescales=1, max_restarts=1)
 CODE, INFRA = "training code", "infrastructure"
+#: What fits after a loss in these tests: 3 ranks of capacity, all of which lay out.
+ROOM = Room(capacity=3, fits=3)
+
+
+def _room() -> Room:
+    return ROOM
+
+
+def _unasked() -> Room:
+    raise AssertionError("the room was read for a decision that is no resize")
 
 
 def _failed(cause: str, size: int = 4, forming: bool = False) -> Ended:
@@ -31,62 +41,89 @@ def test_a_result_returns_and_a_grow_back_stop_grows_whatever_was_used() -> None
     for options, tally in itertools.product(
         (PLAIN, RESTARTS, ELASTIC, BOTH), (Tally(), Tally(restarts=9, rescales=9))
     ):
-        assert decide(Ended("finished", 4), tally, options) == Decision("return", tally)
-        assert decide(Ended("grow back", 2), tally, options) == Decision("grow", tally)
+        assert decide(Ended("finished", 4), tally, options, _unasked) == Decision("return", tally)
+        assert decide(Ended("grow back", 2), tally, options, _room) == Decision(
+            "grow", tally, size=3, room=ROOM
+        )
 
 
 def test_a_timeout_is_final_even_with_restarts_and_rescales_left() -> None:
     for options in (PLAIN, RESTARTS, ELASTIC, BOTH):
-        decision = decide(Ended("timed out", 4), Tally(), options)
+        decision = decide(Ended("timed out", 4), Tally(), options, _unasked)
         assert decision == Decision("raise", Tally(), "final")
 
 
 def test_capacity_gone_before_a_rescaled_attempt_started_shrinks_again() -> None:
     went = Ended("capacity went", 3)
-    assert decide(went, Tally(rescales=1), ELASTIC).action == "shrink"
-    assert decide(went, Tally(rescales=0), ELASTIC) == Decision("raise", Tally(), "final")
-    assert decide(went, Tally(rescales=2), ELASTIC).reason == "final"  # max_rescales=2 used
-    assert decide(went, Tally(rescales=1), RESTARTS).reason == "final"  # not elastic
+    assert decide(went, Tally(rescales=1), ELASTIC, _room).action == "shrink"
+    assert decide(went, Tally(rescales=0), ELASTIC, _unasked) == Decision("raise", Tally(), "final")
+    assert decide(went, Tally(rescales=2), ELASTIC, _unasked).reason == "final"  # max_rescales used
+    assert decide(went, Tally(rescales=1), RESTARTS, _unasked).reason == "final"  # not elastic
 
 
 def test_training_code_restarts_at_the_same_size_until_max_restarts() -> None:
     tally = Tally()
     actions = []
     for _ in range(3):
-        decision = decide(_failed(CODE), tally, RESTARTS)
+        decision = decide(_failed(CODE), tally, RESTARTS, _unasked)
         actions.append(decision.action)
         tally = decision.tally
     assert actions == ["restart", "restart", "raise"]
     assert tally.restarts == 2 and decision.reason == "restarts used"
     # Elastic or not, a bug is never a rescale.
-    assert decide(_failed(CODE), Tally(), ELASTIC) == Decision("raise", Tally(), "restarts used")
-    assert decide(_failed(CODE), Tally(), BOTH).action == "restart"
+    assert decide(_failed(CODE), Tally(), ELASTIC, _unasked) == Decision(
+        "raise", Tally(), "restarts used"
+    )
+    assert decide(_failed(CODE), Tally(), BOTH, _unasked).action == "restart"
 
 
 def test_infrastructure_shrinks_an_elastic_run_then_uses_restarts() -> None:
-    assert decide(_failed(INFRA), Tally(), ELASTIC) == Decision("shrink", Tally())
-    assert decide(_failed(INFRA), Tally(rescales=2), ELASTIC).reason == "rescales used"
+    assert decide(_failed(INFRA), Tally(), ELASTIC, _room) == Decision(
+        "shrink", Tally(), size=3, room=ROOM
+    )
+    assert decide(_failed(INFRA), Tally(rescales=2), ELASTIC, _unasked).reason == "rescales used"
     # max_rescales used: max_restarts still applies, at the current size.
-    decision = decide(_failed(INFRA), Tally(rescales=1), BOTH)
+    decision = decide(_failed(INFRA), Tally(rescales=1), BOTH, _unasked)
     assert decision == Decision("restart", Tally(restarts=1, rescales=1))
-    assert decide(_failed(INFRA), decision.tally, BOTH).reason == "rescales used"
+    assert decide(_failed(INFRA), decision.tally, BOTH, _unasked).reason == "rescales used"
     # Not elastic: a lost node is restarted like any failure.
-    assert decide(_failed(INFRA), Tally(), RESTARTS).action == "restart"
-    assert decide(_failed(INFRA), Tally(), PLAIN) == Decision("raise", Tally(), "restarts used")
+    assert decide(_failed(INFRA), Tally(), RESTARTS, _unasked).action == "restart"
+    assert decide(_failed(INFRA), Tally(), PLAIN, _unasked) == Decision(
+        "raise", Tally(), "restarts used"
+    )
 
 
 def test_a_group_that_fails_to_form_twice_at_one_size_is_the_set_up() -> None:
     forming = _failed(INFRA, size=4, forming=True)
     for options in (ELASTIC, RESTARTS):
-        first = decide(forming, Tally(), options)
+        first = decide(forming, Tally(), options, _room)
         assert first.action in ("shrink", "restart") and first.tally.forming == {4}
-        second = decide(forming, first.tally, options)
+        second = decide(forming, first.tally, options, _room)
         assert second.action == "raise" and second.reason == "set-up"
     # At another size it is a first time again; without forming, a loss as any other.
-    assert decide(_failed(INFRA, 2, True), Tally(forming=frozenset({4})), ELASTIC).action == (
-        "shrink"
+    again = Tally(forming=frozenset({4}))
+    assert decide(_failed(INFRA, 2, True), again, ELASTIC, _room).action == "shrink"
+    assert decide(_failed(INFRA), again, ELASTIC, _room).action == "shrink"
+
+
+def test_a_resize_carries_the_size_the_room_fits_or_raises_below_the_floor() -> None:
+    """The size a resize goes to is the decision's, as Ray Train's ResizeDecision carries
+    num_workers: the largest size the room lays out; with none down to the floor, the run ends
+    at once, with the room that said so."""
+    lost = _failed(INFRA)
+    small = Room(capacity=2, fits=2)
+    assert decide(lost, Tally(), ELASTIC, lambda: small).size == 2
+    laid = Room(capacity=3, fits=2)  # 3 ranks of capacity, but 2 is what lays out
+    assert decide(lost, Tally(), ELASTIC, lambda: laid) == Decision(
+        "shrink", Tally(), size=2, room=laid
     )
-    assert decide(_failed(INFRA), Tally(forming=frozenset({4})), ELASTIC).action == "shrink"
+    empty = Room(capacity=0, fits=None)
+    assert decide(lost, Tally(), ELASTIC, lambda: empty) == Decision(
+        "raise", Tally(), "below floor", room=empty
+    )
+    assert decide(Ended("grow back", 2), Tally(), ELASTIC, lambda: empty).reason == "below floor"
+    went = Ended("capacity went", 3)
+    assert decide(went, Tally(rescales=1), ELASTIC, lambda: small).size == 2
 
 
 def test_a_decision_never_lowers_a_counter() -> None:
@@ -97,7 +134,7 @@ def test_a_decision_never_lowers_a_counter() -> None:
     for ended, tally, options in itertools.product(
         endings, tallies, (PLAIN, RESTARTS, ELASTIC, BOTH)
     ):
-        after = decide(ended, tally, options).tally
+        after = decide(ended, tally, options, _room).tally
         assert after.restarts in (tally.restarts, tally.restarts + 1)
         assert after.rescales == tally.rescales and after.forming >= tally.forming
 

@@ -18,7 +18,7 @@ import torch
 import test_faults
 from conftest import EXAMPLES, free_port, wait_gone
 from sparktrain import ConfigError, TorchDistributor, TrainingFailedError, launch
-from sparktrain.backends.ray.backend import RayNode, make_ray_plan, placement
+from sparktrain.backends.ray.layout import RayNode, make_ray_plan, placement
 
 # Ray's workers do not have tests/ or examples/ on their path: ship these modules by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -15,7 +15,7 @@ pa = pytest.importorskip("pyarrow")
 pytest.importorskip("pyspark")
 
 from sparktrain.inference.rank import outputs  # noqa: E402
-from sparktrain.spark import scoring, tasks  # noqa: E402
+from sparktrain.spark.rank import scoring, tasks  # noqa: E402
 from sparktrain.spark.rank.scoring import Where, input_tensors  # noqa: E402
 
 

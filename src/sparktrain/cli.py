@@ -69,7 +69,7 @@ def _add_option_flags(run: argparse.ArgumentParser) -> None:
     The flags come from :class:`~sparktrain.launchplan.options.RunOptions` itself; left out are
     ``return_all`` (a script returns no value) and ``on_report`` (a function).
     """
-    from sparktrain.launchplan.options import cli_options
+    from sparktrain.launchplan.option_docs import cli_options
 
     group = run.add_argument_group("run options (as for sparktrain.launch)")
     for name, parse, text in cli_options():
@@ -92,7 +92,7 @@ def _parser_of(flag: str, parse: Any) -> Any:
 
 
 def _given_options(parsed: argparse.Namespace) -> dict[str, Any]:
-    from sparktrain.launchplan.options import cli_options
+    from sparktrain.launchplan.option_docs import cli_options
 
     return {
         name: getattr(parsed, name)

@@ -100,9 +100,9 @@ class RemoteNodes(Nodes):
     def __init__(self, attempt: Attempt, host: str) -> None:
         """Open the channel on ``host`` (the address at which the nodes reach this process)."""
         self.channel = ChannelServer(
-            host, secrets.token_bytes(32), silence=attempt.options.heartbeat_timeout
+            host, secrets.token_bytes(32), silence=attempt.options.limits.heartbeat_timeout
         )
-        self.printer = Printer(attempt.options.log_ranks, attempt.monitor)
+        self.printer = Printer(attempt.options.output.log_ranks, attempt.monitor)
         self.spec: NodeSpec = attempt.spec(channel=self.channel.address, secret=self.channel.secret)
         self._busy_sent = 0.0
         self.generations = (

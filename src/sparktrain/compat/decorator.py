@@ -33,7 +33,8 @@ from sparktrain.backends.registry import BackendName, check_backend
 from sparktrain.ground.errors import ConfigError
 from sparktrain.launchplan.front import FrontDoor
 from sparktrain.launchplan.layout import check_count, check_use_gpu
-from sparktrain.launchplan.options import RunOptions, RunOptionsArgs, documents_options, run_options
+from sparktrain.launchplan.option_docs import documents_options
+from sparktrain.launchplan.options import RunOptions, RunOptionsArgs, run_options
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -29,7 +29,8 @@ from sparktrain.contract import pickling
 from sparktrain.driver.launch import PreparedLaunch, prepare
 from sparktrain.ground.errors import ConfigError
 from sparktrain.launchplan.entrypoint import make_entrypoint
-from sparktrain.launchplan.options import RunOptions, RunOptionsArgs, documents_options, run_options
+from sparktrain.launchplan.option_docs import documents_options
+from sparktrain.launchplan.options import RunOptions, RunOptionsArgs, run_options
 from sparktrain.rank.horovod_alias import run_with_alias
 
 Verbosity = Literal["all", "log_callback_only"]

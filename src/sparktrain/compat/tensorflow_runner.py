@@ -33,7 +33,8 @@ from sparktrain.driver.launch import PreparedLaunch, prepare
 from sparktrain.ground.errors import ClusterConfigError, ConfigError
 from sparktrain.launchplan.entrypoint import make_entrypoint
 from sparktrain.launchplan.front import MIRRORED_STRATEGY_RUNNER
-from sparktrain.launchplan.options import RunOptions, RunOptionsArgs, documents_options, run_options
+from sparktrain.launchplan.option_docs import documents_options
+from sparktrain.launchplan.options import RunOptions, RunOptionsArgs, run_options
 
 _INSTALL = "pip install 'sparktrain[tensorflow]' (TensorFlow with tf-keras)"
 

@@ -34,13 +34,8 @@ from sparktrain.backends.registry import BackendName, for_local_mode
 from sparktrain.driver.launch import PreparedLaunch, prepare
 from sparktrain.ground.errors import ConfigError
 from sparktrain.launchplan.front import TORCH_DISTRIBUTOR, FrontDoor
-from sparktrain.launchplan.options import (
-    OPTIONS_MARK,
-    RunOptions,
-    RunOptionsArgs,
-    documents_options,
-    run_options,
-)
+from sparktrain.launchplan.option_docs import OPTIONS_MARK, documents_options
+from sparktrain.launchplan.options import RunOptions, RunOptionsArgs, run_options
 
 
 class TorchDistributor:

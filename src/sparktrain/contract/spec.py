@@ -108,7 +108,7 @@ def node_spec(
 ) -> NodeSpec:
     """The spec of one attempt of ``plan`` running ``entry`` under ``options``."""
     function = isinstance(entry, FunctionEntry)
-    keep = frozenset(range(plan.world_size)) if options.return_all else frozenset({0})
+    keep = frozenset(range(plan.world_size)) if options.output.return_all else frozenset({0})
     return NodeSpec(
         run_id=uuid.uuid4().hex[:12],
         world_size=plan.world_size,

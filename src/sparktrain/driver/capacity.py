@@ -7,9 +7,9 @@ now) and :meth:`~sparktrain.backends.base.Backend.layout` (a layout of a given s
 - :func:`first_layout`: the first attempt's layout. An elastic run whose full size does not fit
   at the start begins on the largest size that does (at least ``min_processes``), says so in one
   line, and grows toward the full size as capacity arrives.
-- :func:`fit`: after a loss or a grow-back stop, the next attempt's layout, or a
-  :class:`~sparktrain.ground.errors.CapacityError` below ``min_processes`` (at once, not after a
-  wait).
+- :func:`read_room`: after a loss or a grow-back stop, what fits now (a
+  :class:`~sparktrain.launchplan.policy.Room`): ``decide`` picks the next size from it, or
+  refuses below ``min_processes`` at once, not after a wait (:func:`below_floor` says why).
 - :func:`watch_capacity`: while a run is short, whether more ranks fit now.
 """
 
@@ -23,6 +23,7 @@ from sparktrain.driver.monitor import Monitor, say
 from sparktrain.ground.errors import CapacityError, ClusterError, ConfigError
 from sparktrain.launchplan.layout import LaunchPlan, check_count
 from sparktrain.launchplan.options import RunOptions
+from sparktrain.launchplan.policy import Room
 
 #: While an elastic run is short of its full size: how often the driver looks at the capacity.
 GROW_CHECK_SECONDS = 2.0
@@ -36,30 +37,28 @@ SETTLE_SECONDS = 10.0
 BELOW_FLOOR_SECONDS = 1.0
 
 
-def fit(
-    backend: Backend,
-    current: LaunchPlan,
-    target: int,
-    options: RunOptions,
-    *,
-    name: str,
-    why: str,
-) -> LaunchPlan:
-    """The largest layout, up to ``target`` ranks and at least ``min_processes``, that fits now.
+def read_room(
+    backend: Backend, current: LaunchPlan, target: int, options: RunOptions, *, name: str
+) -> tuple[Room, LaunchPlan | None]:
+    """What fits now: the :class:`Room` a resize is decided from, and the layout of its size.
 
-    Raises:
-        CapacityError: Fewer than ``min_processes`` ranks fit; names what is there and what is
-            missing.
+    The capacity, once settled (:func:`settled_capacity`), up to ``target``; the largest size
+    from there down to ``min_processes`` (else ``target``) that the backend lays out.
     """
-    floor = options.min_processes or target
+    floor = options.recovery.min_processes or target
     capacity = min(settled_capacity(backend, current, floor), target)
     found = largest_layout(backend, current, capacity, floor, name=name)
-    if found is not None:
-        return found
-    raise CapacityError(
-        f"the elastic run cannot go on after {why}: {max(capacity, 0)} rank(s) can run now "
+    room = Room(capacity=max(capacity, 0), fits=found.world_size if found else None)
+    return room, found
+
+
+def below_floor(room: Room, backend: Backend, target: int, options: RunOptions, why: str) -> str:
+    """Why an elastic run cannot go on after ``why``: what ``room`` holds and what is missing."""
+    floor = options.recovery.min_processes or target
+    return (
+        f"the elastic run cannot go on after {why}: {room.capacity} rank(s) can run now "
         f"on the {backend.name} backend, fewer than min_processes={floor} (the run's full size "
-        f"is {target}); {floor - max(capacity, 0)} more rank(s) of capacity are missing. Add "
+        f"is {target}); {floor - room.capacity} more rank(s) of capacity are missing. Add "
         "nodes or executors, or lower min_processes."
     )
 
@@ -122,9 +121,9 @@ def watch_capacity(
     monitor: Monitor | None = None,
 ) -> Callable[[Nodes], None] | None:
     """For the follow loop: asks the nodes to grow back once more ranks fit (``None``: never)."""
-    if options.elastic and options.grow_back and options.in_place:
+    if options.elastic and options.recovery.grow_back and options.recovery.in_place:
         return _watch_in_place(backend, plan, target, monitor)
-    if not options.elastic or not options.grow_back or plan.world_size >= target:
+    if not options.elastic or not options.recovery.grow_back or plan.world_size >= target:
         return None
     state = {"next": time.monotonic() + GROW_CHECK_SECONDS, "asked": False}
 
@@ -198,14 +197,14 @@ def first_layout(
     except ConfigError:
         full = check_count(name, num_processes)  # a bad value is refused as it is
         options.check_ranks(full, name)
-        if options.min_processes is None or options.min_processes >= full:
+        if options.recovery.min_processes is None or options.recovery.min_processes >= full:
             raise
     else:
         full = plan.world_size
         options.check_ranks(full, name)
-        if options.min_processes is None or options.min_processes >= full:
+        if options.recovery.min_processes is None or options.recovery.min_processes >= full:
             return plan, full
-    floor, why = options.min_processes, ""
+    floor, why = options.recovery.min_processes, ""
     for size in range(full, floor - 1, -1):
         try:
             plan = backend.layout(size, use_gpu=use_gpu, name=name)
@@ -225,7 +224,7 @@ def first_layout(
     if size < full:
         after = (
             f"the run grows back toward {full} rank(s) as capacity arrives"
-            if options.grow_back
+            if options.recovery.grow_back
             else "grow_back=False: it stays at this size"
         )
         say(

@@ -31,13 +31,18 @@ from collections.abc import Callable
 from typing import Literal
 
 from sparktrain.backends.base import Backend
-from sparktrain.driver.capacity import fit
+from sparktrain.driver.capacity import below_floor, read_room
 from sparktrain.driver.monitor import Monitor, say
 from sparktrain.driver.results import LOST_NODE, GrowingBack, Rescale, RunResult
-from sparktrain.ground.errors import ClusterConfigError, ClusterError, TrainingFailedError
+from sparktrain.ground.errors import (
+    CapacityError,
+    ClusterConfigError,
+    ClusterError,
+    TrainingFailedError,
+)
 from sparktrain.launchplan.layout import LaunchPlan
 from sparktrain.launchplan.options import RunOptions
-from sparktrain.launchplan.policy import Decision, Ended, Tally, decide, ended_by
+from sparktrain.launchplan.policy import Decision, Ended, Room, Tally, decide, ended_by
 
 Attempt = Callable[[LaunchPlan, int], "RunResult | GrowingBack"]
 #: The errors that end an attempt (any other is raised as it is: bad input, Ctrl-C).
@@ -57,8 +62,9 @@ def run_attempts(
 ) -> RunResult:
     """Run attempts of ``plan`` until one succeeds, the restarts are used up, or capacity ends.
 
-    After each attempt, :func:`~sparktrain.launchplan.policy.decide` says what comes next; this
-    loop carries it out (asking the backend how far to shrink or grow) and says it on stderr.
+    After each attempt, :func:`~sparktrain.launchplan.policy.decide` says what comes next, and
+    to which size a resize goes (from the backend's room, read when a resize is decided); this
+    loop carries it out and says it on stderr.
 
     Args:
         backend: Where the nodes run (asked for its capacity by elastic runs).
@@ -86,7 +92,7 @@ def run_attempts(
             rescales = run.log.done() + outcome.rescales  # the attempt's own: in place
             return dataclasses.replace(outcome, attempts=run.number + 1, rescales=rescales)
         ended = ended_by(error, run.current.world_size) if error else run.grow_back()
-        decision = decide(ended, run.tally(), options)
+        decision = decide(ended, run.tally(), options, run.read_room)
         if not run.carry_out(decision, error):
             assert error is not None
             raise error
@@ -107,9 +113,18 @@ class _Attempts:
     # restarts and the sizes that failed to form a group (the rescales are the log's)
     used: Tally = dataclasses.field(default_factory=Tally)
     current: LaunchPlan = dataclasses.field(init=False)  # the next attempt's layout
+    # the layout of the size the last room fits, which a resize to that size runs
+    fitted: LaunchPlan | None = dataclasses.field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.current = self.plan
+
+    def read_room(self) -> Room:
+        """What fits now (for ``decide``), keeping the layout of the size it fits."""
+        room, self.fitted = read_room(
+            self.backend, self.current, self.target, self.options, name=self.name
+        )
+        return room
 
     def tally(self) -> Tally:
         return dataclasses.replace(self.used, rescales=len(self.log.entries))
@@ -118,40 +133,47 @@ class _Attempts:
         return Ended("grow back", self.current.world_size)
 
     def carry_out(self, decision: Decision, error: BaseException | None) -> bool:
-        """Do what ``decision`` says; ``False`` when the run ends with ``error`` (said first)."""
+        """Do what ``decision`` says; ``False`` when the run ends with ``error`` (said first).
+
+        Raises:
+            CapacityError: The decision is ``"below floor"``: fewer than ``min_processes`` ranks
+                fit now.
+        """
         self.used = decision.tally
-        if decision.action == "grow":
-            self.grow()
-        elif decision.action == "shrink":
-            assert error is not None
-            self.shrink(_first(error) if isinstance(error, ClusterConfigError) else _loss(error))
+        if decision.action in ("grow", "shrink"):
+            assert self.fitted is not None and self.fitted.world_size == decision.size
+            self.resize(decision, error)
         elif decision.action == "restart":
             assert error is not None
             say(
                 f"sparktrain: {_first(error)}; restarting every rank "
-                f"(attempt {self.used.restarts + 1} of {self.options.max_restarts + 1})",
+                f"(attempt {self.used.restarts + 1} of {self.options.recovery.max_restarts + 1})",
                 self.log.monitor,
             )
+        elif decision.reason == "below floor":
+            assert decision.room is not None
+            why = "grow back" if error is None else self.why(error)
+            text = below_floor(decision.room, self.backend, self.target, self.options, why)
+            raise CapacityError(text)
         else:
             assert error is not None
             self.give_up(decision, error)
             return False
         return True
 
-    def shrink(self, why: str) -> None:
-        """Go on with as many ranks as fit now, after a loss."""
-        ended = time.time()
-        current, options = self.current, self.options
-        smaller = fit(self.backend, current, self.target, options, name=self.name, why=why)
-        self.log.add("lost", why, self.current, smaller, ended)
-        self.current = smaller
+    def why(self, error: BaseException) -> str:
+        """What was lost, in a few words, for the lines a shrink prints."""
+        return _first(error) if isinstance(error, ClusterConfigError) else _loss(error)
 
-    def grow(self) -> None:
-        """Go on with as many ranks as fit now, up to the full size, after a grow-back stop."""
+    def resize(self, decision: Decision, error: BaseException | None) -> None:
+        """Go on at the decided size: after a loss (shrink), or a grow-back stop (grow)."""
         ended = time.time()
-        current, target = self.current, self.target
-        bigger = fit(self.backend, current, target, self.options, name=self.name, why="grow back")
-        if bigger.world_size != current.world_size:  # else the capacity went again: go on
+        current, bigger = self.current, self.fitted
+        assert bigger is not None
+        if decision.action == "shrink":
+            assert error is not None
+            self.log.add("lost", self.why(error), current, bigger, ended)
+        elif bigger.world_size != current.world_size:  # else the capacity went again: go on
             self.log.add("grew", _grown(current, bigger), current, bigger, ended)
         self.current = bigger
 
@@ -170,7 +192,8 @@ class _Attempts:
         elif decision.reason == "rescales used":
             say(
                 f"sparktrain: elastic: not going on: the run already changed size "
-                f"{len(self.log.entries)} time(s), max_rescales={self.options.max_rescales}",
+                f"{len(self.log.entries)} time(s), "
+                f"max_rescales={self.options.recovery.max_rescales}",
                 monitor,
             )
 

@@ -36,7 +36,8 @@ from sparktrain.ground.errors import ConfigError
 from sparktrain.launchplan.entrypoint import Entrypoint, make_entrypoint
 from sparktrain.launchplan.front import LAUNCH, FrontDoor
 from sparktrain.launchplan.layout import LaunchPlan
-from sparktrain.launchplan.options import RunOptions, RunOptionsArgs, documents_options, run_options
+from sparktrain.launchplan.option_docs import documents_options
+from sparktrain.launchplan.options import RunOptions, RunOptionsArgs, run_options
 from sparktrain.launchplan.topology import Topology
 
 
@@ -98,9 +99,9 @@ class PreparedLaunch:
         if dataframe is not None:  # Spark writes it once; every attempt's ranks read the cache
             from sparktrain.data.cache import materialise
 
-            data_uri = materialise(dataframe, self.options.data_cache_dir)
+            data_uri = materialise(dataframe, self.options.environment.data_cache_dir)
         monitor = monitor or Monitor(
-            progress=self.options.progress, on_report=self.options.on_report
+            progress=self.options.output.progress, on_report=self.options.output.on_report
         )
         try:
             result = self._tracked(entry, data_uri, monitor)
@@ -119,8 +120,8 @@ class PreparedLaunch:
             self.plan,
             options,
             self.backend.name,
-            enabled=options.mlflow,
-            strict=options.mlflow_strict,
+            enabled=options.tracking.mlflow,
+            strict=options.tracking.mlflow_strict,
         )
         extra = run.rank_env() if run else None
         try:
@@ -157,7 +158,9 @@ class PreparedLaunch:
         options = self.options
         target = self.target if options.elastic else None
         store = None
-        if options.in_place:  # the ranks' generations live in a store that outlives every rank
+        if (
+            options.recovery.in_place
+        ):  # the ranks' generations live in a store that outlives every rank
             store, address = host_store(plan.world_size, self.backend.store_host())
             extra_env = {**(extra_env or {}), IN_PLACE_STORE: address}
         attempt = Attempt(
@@ -168,17 +171,17 @@ class PreparedLaunch:
         with running(nodes):  # sparktrain.preempt reaches it
             reports = follow(
                 nodes,
-                stop_grace=options.stop_grace,
+                stop_grace=options.limits.stop_grace,
                 monitor=monitor,
                 tick=watch_capacity(self.backend, plan, self.target, options, monitor),
-                in_place=options.in_place,
+                in_place=options.recovery.in_place,
             )
         result = finish(
             reports,
             world_size=plan.world_size,
-            timeout=options.timeout,
+            timeout=options.limits.timeout,
             duration=time.monotonic() - started,
-            hang_timeout=options.hang_timeout,
+            hang_timeout=options.limits.hang_timeout,
             stopped=monitor.stop_requested(),
         )
         kept = nodes.in_place_rescales()
@@ -244,13 +247,13 @@ def _lay_out(
     room_at_run: bool,
     name: str,
 ) -> PreparedLaunch:
-    if options.in_place and not chosen.in_place:
+    if options.recovery.in_place and not chosen.in_place:
         raise ConfigError(
             f"in_place=True: the {chosen.name!r} backend cannot keep an elastic run's survivors "
             "in place (local processes, a LocalCluster, Spark and Ray can); leave in_place out "
             "to restart the survivors from the latest checkpoint, as elastic runs do."
         )
-    if room_at_run and options.min_processes is None:
+    if room_at_run and options.recovery.min_processes is None:
         plan = chosen.layout_ahead(num_processes, use_gpu=use_gpu, name=name)
         options.check_ranks(plan.world_size, name)
         return PreparedLaunch(chosen, plan, options, room_at_run=True, name=name)

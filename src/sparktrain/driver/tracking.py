@@ -163,8 +163,8 @@ def begin(
             "backend": backend,
             "device": plan.device,
             "dist_backend": plan.dist_backend,
-            "max_restarts": options.max_restarts,
-            "hang_timeout": options.hang_timeout,
+            "max_restarts": options.recovery.max_restarts,
+            "hang_timeout": options.limits.hang_timeout,
         }
         params.update(child.params if child else {})
         for key, value in params.items():

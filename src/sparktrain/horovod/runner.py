@@ -27,7 +27,8 @@ from sparktrain.backends.base import Backend
 from sparktrain.backends.registry import BackendName, backend_class
 from sparktrain.contract import pickling
 from sparktrain.ground.errors import ConfigError
-from sparktrain.launchplan.options import NAMES, documents_options
+from sparktrain.launchplan.option_docs import documents_options
+from sparktrain.launchplan.options import NAMES
 from sparktrain.rank.horovod_alias import run_with_alias
 
 #: Horovod launcher settings with no meaning here, accepted and ignored whatever their value.

@@ -25,7 +25,7 @@ from sparktrain.ground.errors import ConfigError
 from sparktrain.inference.planning import ScoringArgs, as_source, make_plan, positive
 from sparktrain.inference.rank import files, reading
 from sparktrain.inference.rank.parts import ScoringPlan
-from sparktrain.launchplan.options import documents_options
+from sparktrain.launchplan.option_docs import documents_options
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,12 @@
 
 The attempt loop (:func:`sparktrain.driver.elastic.run_attempts`) runs an attempt, describes how
 it ended as an :class:`Ended`, and asks :func:`decide`, which answers with a :class:`Decision`:
-return the result, restart at the same size, shrink to what fits, grow back, or raise. No
-process, backend or clock is involved here (as Ray Train v2's failure and scaling policies), so
-every case is unit-tested on its own (``tests/test_policy.py``); how far to shrink or grow is the
-backend's answer (:mod:`sparktrain.driver.capacity`), not a decision.
+return the result, restart at the same size, shrink or grow to a size it names, or raise. A
+resize carries its size, as Ray Train's ``ResizeDecision`` carries ``num_workers``: the loop only
+carries it out. What the size is chosen from is a :class:`Room`, read from the backend
+(:func:`sparktrain.driver.capacity.read_room`) only when a decision needs one; no process,
+backend or clock is involved here (as Ray Train v2's failure and scaling policies), so every
+case is unit-tested on its own (``tests/test_policy.py``).
 
 The rules, in order:
 
@@ -18,11 +20,15 @@ The rules, in order:
 5. A loss of infrastructure in an elastic run shrinks, while rescales are left
    (``max_rescales``).
 6. Anything else restarts at the same size while ``max_restarts`` allows; then it is raised.
+
+A shrink or a grow goes to the largest size the room lays out, up to the run's full size and
+down to ``min_processes``; where none does, the run is raised (``"below floor"``) at once.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Literal
 
 from sparktrain.ground.errors import (
@@ -40,7 +46,7 @@ Kind = Literal["finished", "grow back", "failed", "capacity went", "timed out"]
 Action = Literal["return", "grow", "shrink", "restart", "raise"]
 #: Why a run ends with its error: the error cannot be retried, the set-up fails the same way
 #: twice, or the rescales or restarts are used up.
-Reason = Literal["", "final", "set-up", "rescales used", "restarts used"]
+Reason = Literal["", "final", "set-up", "rescales used", "restarts used", "below floor"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,44 +85,74 @@ class Tally:
 
 
 @dataclasses.dataclass(frozen=True)
+class Room:
+    """What fits now, read from the backend when a decision needs a size.
+
+    Attributes:
+        capacity: The ranks that could run now (at most the run's full size).
+        fits: The largest size, from ``capacity`` down to the run's floor (``min_processes``,
+            else its full size), that the backend lays out; ``None`` when none does.
+    """
+
+    capacity: int
+    fits: int | None
+
+
+@dataclasses.dataclass(frozen=True)
 class Decision:
     """What to do after an attempt, and the tally after doing it.
 
     Attributes:
-        action: ``"return"`` the result, ``"grow"`` or ``"shrink"`` to what fits, ``"restart"``
-            at the same size, or ``"raise"`` the attempt's error.
+        action: ``"return"`` the result, ``"grow"`` or ``"shrink"`` to :attr:`size`,
+            ``"restart"`` at the same size, or ``"raise"`` the attempt's error.
         tally: The counters with this decision counted (a rescale is counted by the loop once
-            the backend said the new size, since a growth that finds nothing more is none).
-        reason: For ``"raise"``: why the run ends.
+            it has changed the size, since a growth that finds nothing more is none).
+        reason: For ``"raise"``: why the run ends (``"below floor"``: :attr:`room` holds too few
+            ranks for ``min_processes``).
+        size: For ``"grow"`` and ``"shrink"``: the number of ranks the next attempt runs.
+        room: What a resize (or a ``"below floor"``) was decided from.
     """
 
     action: Action
     tally: Tally
     reason: Reason = ""
+    size: int | None = None
+    room: Room | None = None
 
 
-def decide(ended: Ended, tally: Tally, options: RunOptions) -> Decision:
-    """The next step after ``ended``, given what the run used (``tally``) and its ``options``."""
+def decide(ended: Ended, tally: Tally, options: RunOptions, room: Callable[[], Room]) -> Decision:
+    """The next step after ``ended``, given what the run used (``tally``) and its ``options``.
+
+    ``room`` is called only when the decision is a resize (the backend is asked for its
+    capacity then, not after every attempt).
+    """
     if ended.kind == "finished":
         return Decision("return", tally)
     if ended.kind == "grow back":
-        return Decision("grow", tally)
+        return _resize("grow", tally, room())
     if ended.kind == "timed out":
         return Decision("raise", tally, "final")
-    rescales_left = tally.rescales < options.max_rescales
+    rescales_left = tally.rescales < options.recovery.max_rescales
     if ended.kind == "capacity went":
         again = options.elastic and tally.rescales > 0 and rescales_left
-        return Decision("shrink", tally) if again else Decision("raise", tally, "final")
+        return _resize("shrink", tally, room()) if again else Decision("raise", tally, "final")
     if ended.forming:
         if ended.size in tally.forming:
             return Decision("raise", tally, "set-up")
         tally = dataclasses.replace(tally, forming=tally.forming | {ended.size})
     lost = options.elastic and ended.cause == "infrastructure"
     if lost and rescales_left:
-        return Decision("shrink", tally)
-    if tally.restarts < options.max_restarts:
+        return _resize("shrink", tally, room())
+    if tally.restarts < options.recovery.max_restarts:
         return Decision("restart", dataclasses.replace(tally, restarts=tally.restarts + 1))
     return Decision("raise", tally, "rescales used" if lost else "restarts used")
+
+
+def _resize(action: Literal["grow", "shrink"], tally: Tally, room: Room) -> Decision:
+    """Go to the largest size that fits, or raise when none reaches the floor."""
+    if room.fits is None:
+        return Decision("raise", tally, "below floor", room=room)
+    return Decision(action, tally, size=room.fits, room=room)
 
 
 def ended_by(error: BaseException, size: int) -> Ended:
@@ -138,4 +174,4 @@ def ended_by(error: BaseException, size: int) -> Ended:
     raise error
 
 
-__all__ = ["Action", "Decision", "Ended", "Kind", "Reason", "Tally", "decide", "ended_by"]
+__all__ = ["Action", "Decision", "Ended", "Kind", "Reason", "Room", "Tally", "decide", "ended_by"]

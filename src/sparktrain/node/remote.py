@@ -75,7 +75,9 @@ def run_connected(
     if spec.channel is None or spec.secret is None:
         raise ValueError("a remote node needs the driver's channel address and secret")
     try:
-        channel = ChannelClient(spec.channel, spec.secret, silence=spec.options.heartbeat_timeout)
+        channel = ChannelClient(
+            spec.channel, spec.secret, silence=spec.options.limits.heartbeat_timeout
+        )
     except BaseException:
         if listener is not None:
             listener.close()
@@ -97,14 +99,14 @@ def run_connected(
             channel.send({"kind": "exit", "rank": ended.rank, "code": ended.exit_code})
 
         notice = None
-        if sigterm_is_notice and spec.options.in_place:
+        if sigterm_is_notice and spec.options.recovery.in_place:
             told = {"kind": "notice", "node": place.node, "host": place.host}
             notice = Notice(lambda: channel.send(told))
         try:
             with on_sigterm(notice):
                 report = NodeRun(
                     spec, place, run_dir=run_dir, listener=listener,
-                    sink=ChannelSink(channel, spec.options.log_ranks), control=channel,
+                    sink=ChannelSink(channel, spec.options.output.log_ranks), control=channel,
                     on_exit=on_exit, notice=notice,
                 ).run()  # fmt: skip
         finally:

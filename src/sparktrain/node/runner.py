@@ -67,7 +67,11 @@ def rank_requests(
     interface of the node's address for gloo and NCCL where none of these names one, plus the
     contract.
     """
-    base = {**env.caller_environ(), **(spec.options.env or {}), **(spec.extra_env or {})}
+    base = {
+        **env.caller_environ(),
+        **(spec.options.environment.env or {}),
+        **(spec.extra_env or {}),
+    }
     base.update(interfaces.ifname_environ(place.address or place.master[0], base))
     if place.joining:
         base[env.IN_PLACE_JOIN] = "1"
@@ -86,7 +90,7 @@ def rank_requests(
             visible_devices=place.gpus if spec.use_gpu else None,
             threads=spec.threads,
             restart=spec.attempt,
-            max_restarts=spec.options.max_restarts,
+            max_restarts=spec.options.recovery.max_restarts,
             target_world_size=spec.target_world_size,
             grow_file=str(grow_path(run_dir)) if spec.target_world_size is not None else None,
         )
@@ -101,7 +105,7 @@ def rank_requests(
                 threads=None if env.user_set_threads(base) else spec.threads,
                 keep_value=rank in spec.keep,
                 data_path=spec.data_uri,
-                hang_timeout=spec.options.hang_timeout,
+                hang_timeout=spec.options.limits.hang_timeout,
             )
         )
     return requests
@@ -149,12 +153,12 @@ class NodeRun:
             self.requests,
             sink,
             listen=listener,
-            timeout=options.timeout,
-            grace=options.stop_grace,
+            timeout=options.limits.timeout,
+            grace=options.limits.stop_grace,
             control=control,
             on_exit=on_exit,
-            hang_timeout=options.hang_timeout,
-            exit_grace=options.exit_grace,
+            hang_timeout=options.limits.hang_timeout,
+            exit_grace=options.limits.exit_grace,
             notice=notice,
         )
 

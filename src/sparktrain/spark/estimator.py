@@ -182,8 +182,8 @@ class TorchEstimator(
             name="numProcesses",
         )  # fmt: skip
         columns = list(dict.fromkeys([*inputs, *names, *([weight] if weight else [])]))
-        data, val_data = fitdata.streams(self, dataset, columns, options.data_cache_dir)
-        folder = fitdata.run_folder(self, dataset, options.data_cache_dir)
+        data, val_data = fitdata.streams(self, dataset, columns, options.environment.data_cache_dir)
+        folder = fitdata.run_folder(self, dataset, options.environment.data_cache_dir)
         try:
             job = FitJob(
                 model=self.getModel(), loss=self.getLoss(), optimizer=self.getOptimizer(),

@@ -31,7 +31,8 @@ from sparktrain.ground.errors import (
     TrainingFailedError,
     TrainingTimeoutError,
 )
-from sparktrain.launchplan.options import RunOptions, documents_options, run_options
+from sparktrain.launchplan.option_docs import documents_options
+from sparktrain.launchplan.options import RunOptions, run_options
 from sparktrain.tuning import study as studies
 from sparktrain.tuning.results import TuneResult
 from sparktrain.tuning.space import to_optuna
@@ -264,7 +265,7 @@ class _Search:
             if self.tracking is None:
                 return self.prepared.run(self.main, (config,), monitor=monitor)
             tracked = dataclasses.replace(
-                self.prepared, options=dataclasses.replace(self.prepared.options, mlflow=True)
+                self.prepared, options=run_options(self.prepared.options, mlflow=True)
             )
             with self.tracking.child(number, config) as child:
                 try:

@@ -92,7 +92,7 @@ class LocalNodes(Nodes):
             place = Place(0, socket.gethostname(), listener.getsockname()[:2], gpus)
             self.node = NodeRun(
                 spec, place, run_dir=run_dir, listener=listener,
-                sink=LogSink(spec.options.log_ranks, monitor=attempt.monitor),
+                sink=LogSink(spec.options.output.log_ranks, monitor=attempt.monitor),
                 control=attempt.monitor,
             )  # fmt: skip
             self._cleanup.callback(self.node.close)

@@ -30,8 +30,8 @@ from sparktrain.contract.paths import error_path, result_path
 from sparktrain.contract.report import NodeReport, node_report
 from sparktrain.driver import capacity
 from sparktrain.driver import follow as follow_module
+from sparktrain.driver.attempts import run_attempts
 from sparktrain.driver.capacity import watch_capacity
-from sparktrain.driver.elastic import run_attempts
 from sparktrain.driver.monitor import Monitor
 from sparktrain.driver.results import GrowingBack, RunResult, finish
 from sparktrain.ground.errors import CapacityError, RankFailure, StackSite

@@ -4,7 +4,7 @@ A launch is prepared once (:func:`prepare`): the backend is chosen, the ranks ar
 what it offers (on Spark, the free task slots are counted then), the options are checked; and
 only then is anything started. Front doors that take their arguments in a constructor
 (``TorchDistributor``) keep the :class:`PreparedLaunch` and run it, so the plan checked is the
-plan run. Each run is a sequence of attempts (:mod:`sparktrain.driver.elastic`): with
+plan run. Each run is a sequence of attempts (:mod:`sparktrain.driver.attempts`): with
 ``max_restarts=K``, a failed group (a rank's failure or a lost node) is stopped whole and
 started again, up to K times; with ``min_processes``, a lost node shrinks the run instead, and
 returning capacity grows it back. Inside the ranks ``sparktrain.restart_count()`` tells which
@@ -26,8 +26,8 @@ from sparktrain.backends.base import Attempt, Backend, Wanted
 from sparktrain.backends.registry import BackendName, make_backend
 from sparktrain.contract.env import IN_PLACE_STORE
 from sparktrain.contract.inplace import host_store
+from sparktrain.driver.attempts import run_attempts
 from sparktrain.driver.capacity import first_layout, watch_capacity
-from sparktrain.driver.elastic import run_attempts
 from sparktrain.driver.follow import follow
 from sparktrain.driver.inplace import running
 from sparktrain.driver.monitor import Monitor

@@ -104,7 +104,7 @@ class RunResult:
         stopped: Whether ``on_report`` stopped the run before its ranks ended (values are those
             of ranks that had returned by then).
         rescales: Every change of an elastic run's size, in order (see
-            :mod:`sparktrain.driver.elastic`); ``world_size`` is the last attempt's.
+            :mod:`sparktrain.driver.attempts`); ``world_size`` is the last attempt's.
     """
 
     return_values: Mapping[int, Any]

@@ -171,7 +171,7 @@ def _local_slots(use_gpu: bool | None, run_options: Mapping[str, Any]) -> int:
 
     The ranks use GPUs unless ``use_gpu`` is ``False``; the GPUs are the ones the launch sees.
     """
-    from sparktrain.backends.local.backend import local_topology
+    from sparktrain.backends.local.topology import local_topology
 
     topology = run_options.get("topology") or local_topology(use_gpu)
     return len(topology.gpus) if topology.gpus and use_gpu is not False else topology.cpus

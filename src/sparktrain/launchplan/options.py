@@ -367,8 +367,3 @@ def run_options(base: RunOptions | None = None, /, **given: Any) -> RunOptions:
     _refuse_unknown(given)
     base = base or RunOptions()
     return RunOptions(**{group: getattr(base, group) for group in GROUPS}, **given)
-
-
-def option_values(options: RunOptions) -> dict[str, Any]:
-    """Every option of ``options`` by its own name (the flat view ``run_options`` takes)."""
-    return {item.name: getattr(getattr(options, group), item.name) for group, item in fields()}

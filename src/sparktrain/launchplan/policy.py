@@ -1,6 +1,6 @@
 """What a run does after each attempt, as values: from how the attempt ended to the next step.
 
-The attempt loop (:func:`sparktrain.driver.elastic.run_attempts`) runs an attempt, describes how
+The attempt loop (:func:`sparktrain.driver.attempts.run_attempts`) runs an attempt, describes how
 it ended as an :class:`Ended`, and asks :func:`decide`, which answers with a :class:`Decision`:
 return the result, restart at the same size, shrink or grow to a size it names, or raise. A
 resize carries its size, as Ray Train's ``ResizeDecision`` carries ``num_workers``: the loop only

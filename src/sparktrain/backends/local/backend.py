@@ -11,16 +11,15 @@ same port and no rank ever joins another run's store.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import shutil
 import socket
 from typing import ClassVar
 
 from sparktrain.backends.base import Attempt, Backend, Nodes, Polled, Wanted
-from sparktrain.backends.spark.conf import driver_gpus
+from sparktrain.backends.local.topology import local_topology
 from sparktrain.contract.spec import Place
 from sparktrain.launchplan.layout import LaunchPlan, make_plan
-from sparktrain.launchplan.topology import Topology, detect_local
+from sparktrain.launchplan.topology import Topology
 from sparktrain.node.logs import LogSink
 from sparktrain.node.runner import NodeRun, bind_rendezvous, prepare_run_dir
 
@@ -60,19 +59,6 @@ class LocalBackend(Backend):
     def start(self, attempt: Attempt) -> Nodes:
         """Prepare the node and ask for its ranks."""
         return LocalNodes(attempt)
-
-
-def local_topology(use_gpu: object) -> Topology:
-    """This machine's CPUs and the GPUs a local launch gives its ranks.
-
-    With an active SparkSession whose driver has GPU resources, those are the GPUs
-    (``use_gpu=True``, or ``None`` where CUDA sees GPUs), as in pyspark's local mode.
-    """
-    topology = detect_local(gpus=use_gpu is not False)
-    driver = driver_gpus() if use_gpu is not False else None
-    if driver is not None and (use_gpu is True or topology.gpus):
-        topology = dataclasses.replace(topology, gpus=driver)
-    return topology
 
 
 class LocalNodes(Nodes):

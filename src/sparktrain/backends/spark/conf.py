@@ -1,26 +1,18 @@
-"""What a Spark session's settings allow, read on the driver: TLS, and the driver's own GPUs.
+"""What a Spark session's settings allow, read on the driver: TLS.
 
-- **TLS.** With ``spark.ssl.enabled=true`` a run on the executors is refused, as pyspark's
-  ``TorchDistributor`` and spark-tensorflow-distributor refuse it: their training traffic, and
-  sparktrain's, is not encrypted in transit. Each front door honours its original's override
-  conf (:mod:`sparktrain.launchplan.front`), and ``spark.sparktrain.ignoreSsl`` works for all.
-- **The driver's GPUs.** In local mode with an active session whose driver has GPU resources
-  (``spark.driver.resource.gpu.*``), those are the GPUs the ranks may use, read through the
-  driver's ``CUDA_VISIBLE_DEVICES``, as pyspark's local mode reads them. pyspark is consulted
-  only when it is already imported: planning a local run never imports it.
+With ``spark.ssl.enabled=true`` a run on the executors is refused, as pyspark's
+``TorchDistributor`` and spark-tensorflow-distributor refuse it: their training traffic, and
+sparktrain's, is not encrypted in transit. Each front door honours its original's override conf
+(:mod:`sparktrain.launchplan.front`), and ``spark.sparktrain.ignoreSsl`` works for all.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import sys
 from typing import Any
 
-from sparktrain.contract import env
 from sparktrain.ground.errors import ClusterConfigError, ConfigError
 from sparktrain.launchplan.front import FrontDoor
-from sparktrain.launchplan.topology import spark_gpus
 
 log = logging.getLogger("sparktrain")
 
@@ -65,24 +57,3 @@ def check_encryption(session: Any, front: FrontDoor) -> None:
         "configuration; model parameters and possibly training data will then be sent between "
         "nodes unencrypted."
     )
-
-
-def driver_gpus() -> tuple[str, ...] | None:
-    """The GPUs of the active SparkSession's driver, as devices of this process.
-
-    ``None`` when there is no classic session, or its driver has no GPU resources
-    (``spark.driver.resource.gpu.*``).
-    """
-    if "pyspark" not in sys.modules:
-        return None
-    session = None
-    with contextlib.suppress(Exception):
-        from pyspark.sql import SparkSession
-
-        session = SparkSession.getActiveSession()
-    if session is None or type(session).__module__.startswith("pyspark.sql.connect"):
-        return None
-    resources = session.sparkContext.resources
-    if "gpu" not in resources:
-        return None
-    return spark_gpus(list(resources["gpu"].addresses), env.cuda_visible_devices())

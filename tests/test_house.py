@@ -1,4 +1,4 @@
-"""House rules on the source's shape: no function in ``src/sparktrain`` over 60 lines of code.
+"""House rules on the source's shape: no function over 60 lines of code, no module over 400 lines.
 
 A function's lines of code are counted with ``ast`` and ``tokenize``: its lines from the ``def``
 to its last line (the signature counts, and a nested function counts within its parent), less
@@ -130,3 +130,16 @@ def test_strings_and_comments_are_told_apart() -> None:
         "    return text  # a trailing comment\n"
     )
     assert function_lengths(source) == [("f", 1, 6)]
+
+
+MAX_FILE_LINES = 400
+
+
+def test_no_module_is_over_the_file_limit() -> None:
+    """A module past 400 lines holds more than one concept: split it by responsibility."""
+    over = {
+        path.relative_to(PACKAGE).as_posix(): count
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if (count := len(path.read_text(encoding="utf-8").splitlines())) > MAX_FILE_LINES
+    }
+    assert not over, f"modules over {MAX_FILE_LINES} lines: {over}"

@@ -1,0 +1,1 @@
+"""The skeleton's node side: what each node's process runs."""

@@ -13,6 +13,9 @@ from sparktrain.ground.errors import (
     CapacityError as CapacityError,
 )
 from sparktrain.ground.errors import (
+    CheckpointError as CheckpointError,
+)
+from sparktrain.ground.errors import (
     ClusterConfigError as ClusterConfigError,
 )
 from sparktrain.ground.errors import (
@@ -135,6 +138,7 @@ _LAZY: dict[str, tuple[str, str]] = {
 
 _ERRORS = [
     "CapacityError",
+    "CheckpointError",
     "ClusterConfigError",
     "ClusterError",
     "ConfigError",

@@ -7,6 +7,7 @@ Every error sparktrain raises lives in ``ground/`` (every process uses them); th
 
 from sparktrain.ground.errors import (
     CapacityError,
+    CheckpointError,
     ClusterConfigError,
     ClusterError,
     ConfigError,
@@ -21,6 +22,7 @@ from sparktrain.ground.errors import (
 
 __all__ = [
     "CapacityError",
+    "CheckpointError",
     "ClusterConfigError",
     "ClusterError",
     "ConfigError",

@@ -206,6 +206,15 @@ class GrowBack(BaseException):
     """
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written: raised by the next ``save`` or ``checkpoint.wait()``.
+
+    A checkpoint is written in the background after ``save`` returns; when that write fails (a
+    full disk, a rank's part that did not arrive), the checkpoint is not published, the
+    previous one stays the newest, and this error names the step, the rank and the cause.
+    """
+
+
 #: The name this error had when only the Spark backend raised it; the same class.
 SparkJobError = ClusterError
 

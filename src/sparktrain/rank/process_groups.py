@@ -32,7 +32,11 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Callable
 from typing import Any
+
+#: Called before the default group is destroyed (a checkpoint still being written ends first).
+BEFORE_DESTROY: list[Callable[[], None]] = []
 
 #: Every process group this rank unregistered (and the store rank 0 hosts), kept alive until
 #: ``os._exit``.
@@ -65,6 +69,9 @@ def install() -> None:
 
     @functools.wraps(original)
     def destroy_process_group(group: Any = None) -> None:
+        if group is None or group is getattr(dist.group, "WORLD", None):
+            for hook in BEFORE_DESTROY:
+                hook()
         _keep_registered()
         count = getattr(distributed_c10d._world, "group_count", None)
         original(group)

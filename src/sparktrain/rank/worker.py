@@ -222,6 +222,13 @@ def _record_failure(req: RankRequest, exc: BaseException, message: str | None = 
         sys.stderr.write(tb)
 
 
+def _checkpoints_published() -> None:
+    """Wait for a checkpoint still being written (its failure fails the rank)."""
+    writer = sys.modules.get("sparktrain.rank.checkpoints.writer")
+    if writer is not None:
+        writer.WRITER.wait()
+
+
 def _announce(status_fd: int, code: int) -> None:
     """Tell the agent the rank's outcome is recorded (``0``: value, ``1``: failure)."""
     with contextlib.suppress(OSError):
@@ -284,6 +291,7 @@ def _run_and_record(req: RankRequest, fds: RankFds, caller: int) -> int:
             os._exit(1)  # the caller died while this rank was being started: run nothing
         alias.add_finder()  # `import horovod.torch` works where Horovod is not installed
         value = _run_entry(req)
+        _checkpoints_published()
         if req.keep_value:
             data = cloudpickle.dumps(_unwrap(value))
             _write_atomic(result_path(req.run_dir, req.rank), data)

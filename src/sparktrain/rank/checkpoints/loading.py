@@ -1,0 +1,143 @@
+"""``load_latest``: the newest published checkpoint, whatever format wrote it.
+
+Only published checkpoints are seen (a write in flight or cut short is a temporary folder, or a
+folder without its manifest). Formats: ``parts`` (the skeleton and each rank's part, joined
+again), ``dcp`` (loaded in place into ``into`` with ``torch.distributed.checkpoint``, at any
+world size) and the single ``state.pt`` of checkpoints written before saves were asynchronous.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sparktrain.contract import env
+from sparktrain.rank import reporting
+from sparktrain.rank.checkpoints import coordinate, staging
+from sparktrain.rank.checkpoints.storage import LocalStorage, storage_for
+from sparktrain.rank.checkpoints.writer import WRITER
+
+_LEGACY = "state.pt"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A loaded checkpoint.
+
+    Attributes:
+        step: The step it was saved at.
+        state: What was saved (for ``sharded=True``, the state dict loaded in place).
+        path: Its folder.
+        world_size: The number of ranks that saved it (``None`` for checkpoints written before
+            sparktrain recorded it).
+    """
+
+    step: int
+    state: Any
+    path: Path
+    world_size: int | None = None
+
+
+def latest_step(directory: str | os.PathLike[str]) -> int | None:
+    """The step of the newest published checkpoint in ``directory``, or ``None``.
+
+    A checkpoint this process is still writing is waited for first (a process sees its own saves).
+    """
+    WRITER.join()
+    steps = storage_for(directory).steps()
+    return steps[-1] if steps else None
+
+
+def load_latest(
+    directory: str | os.PathLike[str],
+    *,
+    into: Any = None,
+    map_location: Any = "cpu",
+    weights_only: bool = True,
+    on_rescale: Callable[[int, int], Any] | None = None,
+) -> Checkpoint | None:
+    """Load the newest published checkpoint, or return ``None`` when there is none.
+
+    A checkpoint this process is still writing is waited for first.
+
+    Args:
+        directory: The checkpoint folder.
+        into: For sharded checkpoints, the state dict to load into, in place (as
+            ``torch.distributed.checkpoint.load`` needs).
+        map_location: Where tensors go (replicated checkpoints).
+        weights_only: Refuse arbitrary pickled objects (``torch.load``'s safe mode); pass
+            ``False`` for states holding other Python objects you trust.
+        on_rescale: Called as ``on_rescale(old_world_size, new_world_size)`` when the
+            checkpoint was saved by a different number of ranks than run now (an elastic run
+            shrank or grew): scale the learning rate there if you prefer that to a constant
+            global batch (see :func:`sparktrain.elastic.accumulation`).
+    """
+    storage = storage_for(directory)
+    WRITER.join()  # a process sees its own saves
+    steps = storage.steps()
+    if not steps:
+        return None
+    step = steps[-1]
+    manifest = storage.manifest(step)
+    path = storage.location(step)
+    if manifest.get("format") == "dcp" or into is not None:
+        if into is None:
+            raise ValueError(
+                f"checkpoint {path} is sharded (saved with sharded=True): pass into=<your "
+                "state dict> to load it in place, at this run's world size"
+            )
+        import torch.distributed.checkpoint as dcp
+
+        dcp.load(into, checkpoint_id=str(path))  # type: ignore[attr-defined]
+        state = into
+    elif manifest.get("format") == "parts":
+        state = _load_parts(storage, step, map_location, weights_only)
+    else:
+        import torch
+
+        state = torch.load(path / _LEGACY, map_location=map_location, weights_only=weights_only)
+    saved_by = manifest.get("world_size")
+    saved_by = saved_by if isinstance(saved_by, int) else None
+    _resumed(step, saved_by, on_rescale)
+    return Checkpoint(step=step, state=state, path=path, world_size=saved_by)
+
+
+def _load_parts(storage: LocalStorage, step: int, map_location: Any, weights_only: bool) -> Any:
+    import torch
+
+    path = storage.location(step)
+    head = torch.load(path / "skeleton.pt", map_location=map_location, weights_only=weights_only)
+    tensors: dict[int, Any] = {}
+    for rank in sorted(set(head["owners"]) | {0}):
+        part = path / f"part-{rank:05d}.pt"
+        if part.exists():
+            tensors.update(torch.load(part, map_location=map_location, weights_only=True))
+    missing = [i for i in range(len(head["owners"])) if i not in tensors]
+    if missing:
+        raise FileNotFoundError(
+            f"checkpoint {path} lacks {len(missing)} tensor(s) its manifest lists (the part "
+            f"files of ranks {sorted({head['owners'][i] for i in missing})}): restore them or "
+            "remove the folder to resume from the checkpoint before it"
+        )
+    return staging.unflatten(head["skeleton"], tensors)
+
+
+def _resumed(step: int, saved_by: int | None, on_rescale: Callable[[int, int], Any] | None) -> None:
+    """Tell the driver (and the user's hook) that this rank resumed from ``step``."""
+    rank, now = coordinate.rank_and_size()
+    if rank == 0 and env.target_world_size() is not None:
+        reporting.report(**{reporting.RESUMED_METRIC: step})
+        reporting.flush()
+        if saved_by is not None and saved_by != now:
+            print(
+                f"sparktrain: resumed from checkpoint step {step}, saved by {saved_by} "
+                f"rank(s), on {now} rank(s)",
+                file=sys.stderr,
+                flush=True,
+            )
+    if on_rescale is not None and saved_by is not None and saved_by != now:
+        on_rescale(saved_by, now)

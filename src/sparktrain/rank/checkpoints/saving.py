@@ -1,0 +1,234 @@
+"""``save``: stage the state, hand the write to the background writer, return.
+
+The loop is blocked only while the state is staged (one copy of this rank's share of the
+tensors into reused host buffers) and while the ranks exchange three numbers. The writer then
+writes this rank's part, the ranks check that every part is written, rank 0 publishes the
+checkpoint (its manifest last, then one rename) and prunes old ones. Formats, by the manifest's
+``format``:
+
+- ``parts``: a replicated state (DDP, or one process). The skeleton (everything that is not a
+  tensor, with rank 0's small tensors) is ``skeleton.pt``; each rank writes the large tensors
+  :func:`~sparktrain.rank.checkpoints.staging.assign` gives it as ``part-00001.pt``.
+- ``dcp``: a sharded state (``sharded=True``: FSDP, ZeRO), written by every rank with
+  ``torch.distributed.checkpoint``, so that it loads again at any world size.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from sparktrain.ground.errors import CheckpointError, GrowBack
+from sparktrain.rank.checkpoints import coordinate, staging
+from sparktrain.rank.checkpoints.storage import LocalStorage, storage_for
+from sparktrain.rank.checkpoints.writer import WRITER
+
+_STAGER = staging.Stager()
+_DCP_CACHE: dict[str, Any] = {}
+
+
+def save(
+    state: Any,
+    directory: str | os.PathLike[str],
+    step: int,
+    *,
+    keep: int = 3,
+    sharded: bool = False,
+    blocking: bool = False,
+    if_busy: Literal["wait", "skip"] = "wait",
+) -> Path | None:
+    """Save ``state`` as the checkpoint of ``step``; call it on every rank, with alike states.
+
+    Returns once the state is staged: copied out of the live tensors, so the loop may change
+    them at once. The checkpoint is written in the background and published (visible to
+    :func:`~sparktrain.checkpoint.load_latest`) only when every rank's part is on disk.
+
+    Args:
+        state: What to save: usually ``{"model": model.state_dict(), "optimizer": ...,
+            "epoch": epoch}``. Without ``sharded``, every rank's state must be the same
+            (replicated, as with DDP): the ranks share the writing of its large tensors, and
+            everything else comes from rank 0.
+        directory: The checkpoint folder, reached by the same path on every node.
+        step: The step or epoch number; later checkpoints have larger steps.
+        keep: How many complete checkpoints to keep (the oldest are removed).
+        sharded: Each rank writes its own shards with ``torch.distributed.checkpoint`` (FSDP,
+            ZeRO): the checkpoint loads at any world size.
+        blocking: Return only once the checkpoint is published (as before 0.x's asynchronous
+            saves).
+        if_busy: When the previous checkpoint is still being written: ``"wait"`` for it, or
+            ``"skip"`` this one (every rank skips together; ``None`` is returned).
+
+    Returns:
+        The checkpoint's folder (published in the background unless ``blocking``), or ``None``
+        when skipped.
+
+    Raises:
+        CheckpointError: The previous checkpoint's write failed (it was not published).
+        GrowBack: The driver asked this elastic run to grow back; the checkpoint is published.
+    """
+    _check(step, keep, if_busy)
+    storage = storage_for(directory)
+    found = _groups()
+    rank, size = coordinate.rank_and_size()
+    flat = None if sharded else staging.flatten(state)
+    if sharded and found is None:
+        raise ValueError("save(..., sharded=True) needs an initialised process group")
+    agreed = coordinate.agree(
+        found,
+        busy=WRITER.busy(),
+        grow=coordinate.grow_marker(),
+        signature=staging.signature(flat.tensors) if flat is not None else 0,
+    )
+    if agreed.busy and if_busy == "skip" and not agreed.grow:
+        return None
+    WRITER.wait()  # back-pressure: the buffers are the previous checkpoint's until it is written
+    target = _Target(storage, step, keep, found, rank, size)
+    job = _dcp_job(state, target) if flat is None else _parts_job(flat, target, agreed.alike)
+    if blocking or agreed.grow:
+        WRITER.run(job)
+    else:
+        WRITER.submit(job)
+    if agreed.grow:
+        raise GrowBack(f"checkpoint step {step} is saved; the run grows back from it")
+    return storage.location(step)
+
+
+def wait() -> None:
+    """Block until this rank's latest checkpoint is published; raise if its write failed."""
+    WRITER.wait()
+
+
+def _check(step: int, keep: int, if_busy: str) -> None:
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step={step!r} must be a whole number >= 0")
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+        raise ValueError(f"keep={keep!r} must be a whole number >= 0 (0 keeps every checkpoint)")
+    if if_busy not in ("wait", "skip"):
+        raise ValueError(f"if_busy={if_busy!r} must be 'wait' or 'skip'")
+
+
+def _groups() -> coordinate.Groups | None:
+    if coordinate.dist() is None:
+        return None
+    if coordinate.stale():
+        WRITER.join()  # a write of the world before a resize ends (or fails) first
+    return coordinate.groups()
+
+
+@dataclass(frozen=True)
+class _Target:
+    """Where one checkpoint goes, and who writes it."""
+
+    storage: LocalStorage
+    step: int
+    keep: int
+    found: coordinate.Groups | None
+    rank: int
+    size: int
+
+
+def _parts_job(flat: staging.Flat, target: _Target, alike: bool) -> Callable[[], None]:
+    import torch
+
+    rank, step = target.rank, target.step
+    writers = target.size if (target.found is not None and alike) else 1
+    owners = staging.assign([staging.nbytes(t) for t in flat.tensors], writers)
+    mine = [i for i, owner in enumerate(owners) if owner == rank]
+    staged = _STAGER.stage(flat.tensors, mine)
+    skeleton = None
+    if rank == 0:  # the rest of the state, as it is now (the loop may change it next)
+        buffer = io.BytesIO()
+        torch.save({"skeleton": flat.skeleton, "owners": owners}, buffer)
+        skeleton = buffer.getvalue()
+    elif target.found is None:
+        return lambda: None  # no process group: rank 0 alone saves
+
+    def write_mine() -> None:
+        if skeleton is not None:
+            target.storage.write(step, "skeleton.pt", lambda handle: handle.write(skeleton))
+        if staged or rank == 0:
+            name = f"part-{rank:05d}.pt"
+            target.storage.write(step, name, lambda handle: torch.save(staged, handle))
+
+    return lambda: _write(target, write_mine, {"format": "parts", "writers": writers})
+
+
+def _dcp_job(state: Any, target: _Target) -> Callable[[], None]:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+
+    found = target.found
+    assert found is not None
+    key = str(sorted(_keys(state)))
+    cached = _DCP_CACHE.get(key)
+    if cached is None:
+        _DCP_CACHE.clear()
+        cached = _create_cpu_state_dict(state, pin_memory=_on_gpu(state))
+        _DCP_CACHE[key] = cached
+    staged = _copy_state_dict(state, cached, non_blocking=False)
+
+    def write_mine() -> None:
+        folder = str(target.storage.temp(target.step))
+        dcp.save(staged, checkpoint_id=folder, process_group=found.write)  # type: ignore[attr-defined]
+
+    return lambda: _write(target, write_mine, {"format": "dcp"})
+
+
+def _write(target: _Target, write_mine: Callable[[], None], manifest: dict[str, Any]) -> None:
+    """The writer's job, the same three phases on every rank whatever fails.
+
+    Rank 0 makes the temporary folder, every rank writes its part, rank 0 publishes; after each
+    phase the ranks exchange whether it went well, so a failure anywhere stops every rank's job
+    at the same point (a rank that failed raises its own error, the others name it).
+    """
+    storage, step, rank = target.storage, target.step, target.rank
+
+    def publish() -> None:
+        storage.publish(step, {"world_size": target.size, **manifest})
+        storage.prune(target.keep)
+
+    phases: list[tuple[str, Callable[[], None], bool]] = [
+        ("prepare its folder", lambda: storage.prepare(step), rank == 0),
+        ("write its part", write_mine, True),
+        ("publish it", publish, rank == 0),
+    ]
+    for what, action, mine in phases:
+        error: BaseException | None = None
+        if mine:
+            try:
+                action()
+            except Exception as exc:
+                error = exc
+        every = coordinate.all_ok(target.found, error is None)
+        if all(every):
+            continue
+        if rank == 0 and what != "publish it":
+            storage.discard(step)
+        if error is not None:
+            raise CheckpointError(
+                f"checkpoint step {step} was not published: rank {rank} could not {what}: "
+                f"{type(error).__name__}: {error}; the previous checkpoint is still the newest"
+            ) from error
+        failed = ", ".join(str(r) for r, good in enumerate(every) if not good)
+        raise CheckpointError(
+            f"checkpoint step {step} was not published: rank(s) {failed} could not {what} "
+            "(their own error says why); the previous checkpoint is still the newest"
+        )
+
+
+def _keys(state: Any, prefix: str = "") -> list[str]:
+    if isinstance(state, dict):
+        return [k for key, value in state.items() for k in _keys(value, f"{prefix}{key}.")]
+    return [prefix]
+
+
+def _on_gpu(state: Any) -> bool:
+    import torch
+
+    if isinstance(state, dict):
+        return any(_on_gpu(value) for value in state.values())
+    return isinstance(state, torch.Tensor) and state.is_cuda

@@ -1,0 +1,141 @@
+"""Where checkpoints live: a folder reached by path, written in a temporary folder and renamed.
+
+A :class:`LocalStorage` is a folder every rank reaches by the same path (a local disk for one
+machine, a shared mount for several). A checkpoint is written into ``.step-00000042.tmp`` and
+becomes ``step-00000042`` in one ``rename`` once its ``COMPLETE`` manifest is written and every
+file is flushed: a crash at any moment leaves the previous checkpoints and, at worst, a
+temporary folder that the next save removes. :func:`storage_for` refuses a URL (``s3://``,
+``dbfs:/``) by name rather than take it for a local folder called ``s3:``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from sparktrain.ground.errors import ConfigError
+
+NAME = re.compile(r"^step-(\d{8,})$")
+MANIFEST = "COMPLETE"
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):(//|/)")
+
+
+def step_name(step: int) -> str:
+    """The published folder of ``step``."""
+    return f"step-{step:08d}"
+
+
+def storage_for(directory: str | os.PathLike[str]) -> LocalStorage:
+    """The storage ``directory`` names; a URL sparktrain cannot write to is refused by name."""
+    text = os.fspath(directory)
+    found = _URL.match(text) if isinstance(text, str) else None
+    if found and not (len(found.group(1)) == 1 and os.name == "nt"):  # C:/ on Windows is a path
+        raise ConfigError(
+            f"checkpoint directory {text!r} is a {found.group(1)}: URL, and checkpoints are "
+            "written to folders reached by path only. Pass a local folder or a shared mount "
+            "every node reaches (on Databricks: /dbfs/... or /Volumes/...)."
+        )
+    return LocalStorage(Path(text))
+
+
+class LocalStorage:
+    """Checkpoints in a folder reached by path; publication is one ``rename``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def location(self, step: int) -> Path:
+        """Where the checkpoint of ``step`` is once published."""
+        return self.root / step_name(step)
+
+    def temp(self, step: int) -> Path:
+        """The folder the ranks write the checkpoint of ``step`` into before publication."""
+        return self.root / f".{step_name(step)}.tmp"
+
+    def prepare(self, step: int) -> None:
+        """Make an empty temporary folder for ``step`` (one rank, before any writes)."""
+        tmp = self.temp(step)
+        self.root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+
+    def write(self, step: int, name: str, fill: Callable[[IO[bytes]], Any]) -> int:
+        """Write the file ``name`` of ``step`` with ``fill(handle)``, flushed; return its size."""
+        path = self.temp(step) / name
+        with open(path, "wb") as handle:
+            fill(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+            return handle.tell()
+
+    def publish(self, step: int, manifest: dict[str, Any]) -> None:
+        """Write the manifest last and make the checkpoint of ``step`` visible in one rename."""
+        tmp, final = self.temp(step), self.location(step)
+        body = {"step": step, "time": time.time(), **manifest}
+        (tmp / MANIFEST).write_text(json.dumps(body))
+        _fsync_tree(tmp)
+        if final.exists():  # the same step saved again (a resumed run): replace it whole
+            old = final.with_name(f".{final.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(final, old)
+            os.rename(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, final)
+        _fsync_dir(self.root)
+
+    def discard(self, step: int) -> None:
+        """Remove what a failed write of ``step`` left."""
+        shutil.rmtree(self.temp(step), ignore_errors=True)
+
+    def steps(self) -> list[int]:
+        """The steps of the complete checkpoints, oldest first."""
+        if not self.root.is_dir():
+            return []
+        found = []
+        for path in self.root.iterdir():
+            match = NAME.match(path.name)
+            if match and (path / MANIFEST).is_file():
+                found.append(int(match.group(1)))
+        return sorted(found)
+
+    def manifest(self, step: int) -> dict[str, Any]:
+        """The manifest of a published checkpoint (``{}`` when unreadable)."""
+        try:
+            found = json.loads((self.location(step) / MANIFEST).read_text())
+        except (OSError, ValueError):
+            return {}
+        return found if isinstance(found, dict) else {}
+
+    def prune(self, keep: int) -> None:
+        """Keep the newest ``keep`` checkpoints; remove temporary folders of crashed writes."""
+        steps = self.steps()
+        for old in steps[:-keep] if keep > 0 else []:
+            gone = self.root / f".{step_name(old)}.pruned"  # hidden at once, then removed
+            shutil.rmtree(gone, ignore_errors=True)
+            os.rename(self.location(old), gone)
+            shutil.rmtree(gone, ignore_errors=True)
+        for stale in self.root.glob(".step-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(path: Path) -> None:
+    for file in path.rglob("*"):
+        if file.is_file():
+            with open(file, "rb") as handle:
+                os.fsync(handle.fileno())
+    _fsync_dir(path)

@@ -98,8 +98,8 @@ def test_two_ranks_each_write_a_share_and_the_checkpoint_is_whole(tmp_path: Path
     for value in run.return_values.values():
         assert value == {"same": True, "rng": [0.0] * 4, "world_size": 2}
     folder = tmp_path / "step-00000007"
-    parts = {p.name: p.stat().st_size for p in folder.glob("part-*.pt")}
-    assert set(parts) == {"part-00000.pt", "part-00001.pt"}
+    parts = {p.name: p.stat().st_size for p in folder.glob("part-*.bin")}
+    assert set(parts) == {"part-00000.bin", "part-00001.bin"}
     assert min(parts.values()) > 1_500_000  # each rank wrote one of the two large tensors
 
 
@@ -109,14 +109,12 @@ def _one_rank_fails_its_write(folder: str) -> str:
     dist.init_process_group("gloo")
     checkpoint.save({"w": torch.ones(400_000)}, folder, step=1, blocking=True)
     if dist.get_rank() == 1:
-        real = torch.save
+        from sparktrain.rank.checkpoints import parts
 
-        def full_disk(obj: object, f: object, *args: object, **kwargs: object) -> None:
-            if hasattr(f, "name"):  # a part file, not the skeleton's bytes
-                raise OSError(28, "No space left on device")
-            real(obj, f, *args, **kwargs)  # type: ignore[arg-type]
+        def full_disk(handle: object, tensors: object) -> None:
+            raise OSError(28, "No space left on device")
 
-        torch.save = full_disk  # type: ignore[assignment]
+        parts.write = full_disk  # type: ignore[assignment]
     checkpoint.save({"w": torch.zeros(400_000), "x": torch.zeros(400_000)}, folder, step=2)
     try:
         checkpoint.wait()

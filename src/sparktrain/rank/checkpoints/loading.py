@@ -17,7 +17,7 @@ from typing import Any
 
 from sparktrain.contract import env
 from sparktrain.rank import reporting
-from sparktrain.rank.checkpoints import coordinate, staging
+from sparktrain.rank.checkpoints import coordinate, parts, staging
 from sparktrain.rank.checkpoints.storage import LocalStorage, storage_for
 from sparktrain.rank.checkpoints.writer import WRITER
 
@@ -113,9 +113,12 @@ def _load_parts(storage: LocalStorage, step: int, map_location: Any, weights_onl
     head = torch.load(path / "skeleton.pt", map_location=map_location, weights_only=weights_only)
     tensors: dict[int, Any] = {}
     for rank in sorted(set(head["owners"]) | {0}):
-        part = path / f"part-{rank:05d}.pt"
+        part = path / parts.name(rank)
         if part.exists():
-            tensors.update(torch.load(part, map_location=map_location, weights_only=True))
+            with open(part, "rb") as handle:
+                tensors.update(parts.read(handle))
+    if map_location not in (None, "cpu"):
+        tensors = {i: t.to(map_location) for i, t in tensors.items()}
     missing = [i for i in range(len(head["owners"])) if i not in tensors]
     if missing:
         raise FileNotFoundError(

@@ -7,8 +7,9 @@ checkpoint (its manifest last, then one rename) and prunes old ones. Formats, by
 ``format``:
 
 - ``parts``: a replicated state (DDP, or one process). The skeleton (everything that is not a
-  tensor, with rank 0's small tensors) is ``skeleton.pt``; each rank writes the large tensors
-  :func:`~sparktrain.rank.checkpoints.staging.assign` gives it as ``part-00001.pt``.
+  tensor) is ``skeleton.pt``; each rank writes the tensors
+  :func:`~sparktrain.rank.checkpoints.staging.assign` gives it (rank 0: the small ones too) as
+  ``part-00001.bin`` (:mod:`~sparktrain.rank.checkpoints.parts`).
 - ``dcp``: a sharded state (``sharded=True``: FSDP, ZeRO), written by every rank with
   ``torch.distributed.checkpoint``, so that it loads again at any world size.
 """
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sparktrain.ground.errors import CheckpointError, GrowBack
-from sparktrain.rank.checkpoints import coordinate, staging
+from sparktrain.rank.checkpoints import coordinate, parts, staging
 from sparktrain.rank.checkpoints.storage import LocalStorage, storage_for
 from sparktrain.rank.checkpoints.writer import WRITER
 
@@ -151,8 +152,7 @@ def _parts_job(flat: staging.Flat, target: _Target, alike: bool) -> Callable[[],
         if skeleton is not None:
             target.storage.write(step, "skeleton.pt", lambda handle: handle.write(skeleton))
         if staged or rank == 0:
-            name = f"part-{rank:05d}.pt"
-            target.storage.write(step, name, lambda handle: torch.save(staged, handle))
+            target.storage.write(step, parts.name(rank), lambda handle: parts.write(handle, staged))
 
     return lambda: _write(target, write_mine, {"format": "parts", "writers": writers})
 

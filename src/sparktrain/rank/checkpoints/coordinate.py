@@ -9,6 +9,7 @@ asked to grow, whether the states look alike), one for the writer's thread (:att
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,11 +43,13 @@ class Agreed:
         busy: Some rank's writer is still writing the previous checkpoint.
         grow: The driver asked the run to grow back (some rank saw its marker).
         alike: Every rank's state has the same tensors' shapes and dtypes.
+        token: Rank 0's name for this save's files (an object store writes under it).
     """
 
     busy: bool
     grow: bool
     alike: bool
+    token: str
 
 
 #: The groups of the newest world (one item at most).
@@ -85,19 +88,21 @@ def stale() -> bool:
 
 
 def agree(found: Groups | None, *, busy: bool, grow: bool, signature: int) -> Agreed:
-    """Exchange this rank's view (one all-gather of three numbers on the loop's group)."""
+    """Exchange this rank's view (one all-gather of four numbers on the loop's group)."""
+    token = secrets.randbits(62)
     if found is None or found.size == 1:
-        return Agreed(busy=busy, grow=grow, alike=True)
+        return Agreed(busy=busy, grow=grow, alike=True, token=f"{token:016x}")
     import torch
 
     tdist = dist()
-    mine = torch.tensor([int(busy), int(grow), signature], dtype=torch.int64)
-    every = [torch.zeros(3, dtype=torch.int64) for _ in range(found.size)]
+    mine = torch.tensor([int(busy), int(grow), signature, token], dtype=torch.int64)
+    every = [torch.zeros(4, dtype=torch.int64) for _ in range(found.size)]
     tdist.all_gather(every, mine, group=found.agree)
     return Agreed(
         busy=any(int(t[0]) for t in every),
         grow=any(int(t[1]) for t in every),
         alike=len({int(t[2]) for t in every}) == 1,
+        token=f"{int(every[0][3]):016x}",
     )
 
 

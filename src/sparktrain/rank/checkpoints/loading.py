@@ -18,7 +18,7 @@ from typing import Any
 from sparktrain.contract import env
 from sparktrain.rank import reporting
 from sparktrain.rank.checkpoints import coordinate, parts, staging
-from sparktrain.rank.checkpoints.storage import LocalStorage, storage_for
+from sparktrain.rank.checkpoints.storage import LocalStorage, Storage, storage_for
 from sparktrain.rank.checkpoints.writer import WRITER
 
 _LEGACY = "state.pt"
@@ -31,24 +31,26 @@ class Checkpoint:
     Attributes:
         step: The step it was saved at.
         state: What was saved (for ``sharded=True``, the state dict loaded in place).
-        path: Its folder.
+        path: Its folder (its URL on an object store).
         world_size: The number of ranks that saved it (``None`` for checkpoints written before
             sparktrain recorded it).
     """
 
     step: int
     state: Any
-    path: Path
+    path: Path | str
     world_size: int | None = None
 
 
-def latest_step(directory: str | os.PathLike[str]) -> int | None:
+def latest_step(
+    directory: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None
+) -> int | None:
     """The step of the newest published checkpoint in ``directory``, or ``None``.
 
     A checkpoint this process is still writing is waited for first (a process sees its own saves).
     """
     WRITER.join()
-    steps = storage_for(directory).steps()
+    steps = storage_for(directory, storage_options).steps()
     return steps[-1] if steps else None
 
 
@@ -59,13 +61,14 @@ def load_latest(
     map_location: Any = "cpu",
     weights_only: bool = True,
     on_rescale: Callable[[int, int], Any] | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> Checkpoint | None:
     """Load the newest published checkpoint, or return ``None`` when there is none.
 
     A checkpoint this process is still writing is waited for first.
 
     Args:
-        directory: The checkpoint folder.
+        directory: The checkpoint folder, or an object store's URL (as ``save`` takes it).
         into: For sharded checkpoints, the state dict to load into, in place (as
             ``torch.distributed.checkpoint.load`` needs).
         map_location: Where tensors go (replicated checkpoints).
@@ -75,8 +78,9 @@ def load_latest(
             checkpoint was saved by a different number of ranks than run now (an elastic run
             shrank or grew): scale the learning rate there if you prefer that to a constant
             global batch (see :func:`sparktrain.elastic.accumulation`).
+        storage_options: For a URL, the fsspec file system's options (as ``save`` takes them).
     """
-    storage = storage_for(directory)
+    storage = storage_for(directory, storage_options)
     WRITER.join()  # a process sees its own saves
     steps = storage.steps()
     if not steps:
@@ -92,31 +96,36 @@ def load_latest(
             )
         import torch.distributed.checkpoint as dcp
 
-        dcp.load(into, checkpoint_id=str(path))  # type: ignore[attr-defined]
+        dcp.load(into, **storage.dcp_reader(step))  # type: ignore[attr-defined]
         state = into
     elif manifest.get("format") == "parts":
         state = _load_parts(storage, step, map_location, weights_only)
-    else:
+    elif isinstance(storage, LocalStorage):  # written before saves were asynchronous
         import torch
 
-        state = torch.load(path / _LEGACY, map_location=map_location, weights_only=weights_only)
+        legacy = storage.location(step) / _LEGACY
+        state = torch.load(legacy, map_location=map_location, weights_only=weights_only)
+    else:
+        raise ValueError(f"checkpoint {path} has a manifest of no known format: {manifest}")
     saved_by = manifest.get("world_size")
     saved_by = saved_by if isinstance(saved_by, int) else None
     _resumed(step, saved_by, on_rescale)
     return Checkpoint(step=step, state=state, path=path, world_size=saved_by)
 
 
-def _load_parts(storage: LocalStorage, step: int, map_location: Any, weights_only: bool) -> Any:
+def _load_parts(storage: Storage, step: int, map_location: Any, weights_only: bool) -> Any:
     import torch
 
     path = storage.location(step)
-    head = torch.load(path / "skeleton.pt", map_location=map_location, weights_only=weights_only)
+    with storage.open(step, "skeleton.pt") as handle:
+        head = torch.load(handle, map_location=map_location, weights_only=weights_only)
     tensors: dict[int, Any] = {}
     for rank in sorted(set(head["owners"]) | {0}):
-        part = path / parts.name(rank)
-        if part.exists():
-            with open(part, "rb") as handle:
+        try:
+            with storage.open(step, parts.name(rank)) as handle:
                 tensors.update(parts.read(handle))
+        except FileNotFoundError:
+            continue
     if map_location not in (None, "cpu"):
         tensors = {i: t.to(map_location) for i, t in tensors.items()}
     missing = [i for i in range(len(head["owners"])) if i not in tensors]

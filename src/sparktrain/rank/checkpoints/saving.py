@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from sparktrain.ground.errors import CheckpointError, GrowBack
 from sparktrain.rank.checkpoints import coordinate, parts, staging
-from sparktrain.rank.checkpoints.storage import LocalStorage, storage_for
+from sparktrain.rank.checkpoints.storage import Storage, storage_for
 from sparktrain.rank.checkpoints.writer import WRITER
 
 _STAGER = staging.Stager()
@@ -41,7 +41,8 @@ def save(
     sharded: bool = False,
     blocking: bool = False,
     if_busy: Literal["wait", "skip"] = "wait",
-) -> Path | None:
+    storage_options: dict[str, Any] | None = None,
+) -> Path | str | None:
     """Save ``state`` as the checkpoint of ``step``; call it on every rank, with alike states.
 
     Returns once the state is staged: copied out of the live tensors, so the loop may change
@@ -53,7 +54,10 @@ def save(
             "epoch": epoch}``. Without ``sharded``, every rank's state must be the same
             (replicated, as with DDP): the ranks share the writing of its large tensors, and
             everything else comes from rank 0.
-        directory: The checkpoint folder, reached by the same path on every node.
+        directory: The checkpoint folder, reached by the same path on every node (a local
+            disk for one machine, a shared mount, ``/dbfs/...``, a ``/Volumes/...`` volume), or
+            an object store's URL: ``s3://``, ``gs://``, ``abfs://`` (fsspec and the store's
+            package; ``dbfs:/x`` is read as ``/dbfs/x``).
         step: The step or epoch number; later checkpoints have larger steps.
         keep: How many complete checkpoints to keep (the oldest are removed).
         sharded: Each rank writes its own shards with ``torch.distributed.checkpoint`` (FSDP,
@@ -62,17 +66,19 @@ def save(
             saves).
         if_busy: When the previous checkpoint is still being written: ``"wait"`` for it, or
             ``"skip"`` this one (every rank skips together; ``None`` is returned).
+        storage_options: For a URL, the fsspec file system's options (credentials, an
+            endpoint), as ``fsspec.core.url_to_fs(directory, **storage_options)`` takes them.
 
     Returns:
-        The checkpoint's folder (published in the background unless ``blocking``), or ``None``
-        when skipped.
+        The checkpoint's folder (a URL for an object store; published in the background unless
+        ``blocking``), or ``None`` when skipped.
 
     Raises:
         CheckpointError: The previous checkpoint's write failed (it was not published).
         GrowBack: The driver asked this elastic run to grow back; the checkpoint is published.
     """
     _check(step, keep, if_busy)
-    storage = storage_for(directory)
+    storage = storage_for(directory, storage_options)
     found = _groups()
     rank, size = coordinate.rank_and_size()
     flat = None if sharded else staging.flatten(state)
@@ -87,7 +93,7 @@ def save(
     if agreed.busy and if_busy == "skip" and not agreed.grow:
         return None
     WRITER.wait()  # back-pressure: the buffers are the previous checkpoint's until it is written
-    target = _Target(storage, step, keep, found, rank, size)
+    target = _Target(storage, step, keep, found, rank, size, agreed.token)
     job = _dcp_job(state, target) if flat is None else _parts_job(flat, target, agreed.alike)
     if blocking or agreed.grow:
         WRITER.run(job)
@@ -95,7 +101,8 @@ def save(
         WRITER.submit(job)
     if agreed.grow:
         raise GrowBack(f"checkpoint step {step} is saved; the run grows back from it")
-    return storage.location(step)
+    where: Path | str = storage.location(step)
+    return where
 
 
 def wait() -> None:
@@ -124,12 +131,13 @@ def _groups() -> coordinate.Groups | None:
 class _Target:
     """Where one checkpoint goes, and who writes it."""
 
-    storage: LocalStorage
+    storage: Storage
     step: int
     keep: int
     found: coordinate.Groups | None
     rank: int
     size: int
+    token: str
 
 
 def _parts_job(flat: staging.Flat, target: _Target, alike: bool) -> Callable[[], None]:
@@ -149,10 +157,11 @@ def _parts_job(flat: staging.Flat, target: _Target, alike: bool) -> Callable[[],
         return lambda: None  # no process group: rank 0 alone saves
 
     def write_mine() -> None:
+        storage, token = target.storage, target.token
         if skeleton is not None:
-            target.storage.write(step, "skeleton.pt", lambda handle: handle.write(skeleton))
+            storage.write(step, token, "skeleton.pt", lambda handle: handle.write(skeleton))
         if staged or rank == 0:
-            target.storage.write(step, parts.name(rank), lambda handle: parts.write(handle, staged))
+            storage.write(step, token, parts.name(rank), lambda out: parts.write(out, staged))
 
     return lambda: _write(target, write_mine, {"format": "parts", "writers": writers})
 
@@ -172,8 +181,8 @@ def _dcp_job(state: Any, target: _Target) -> Callable[[], None]:
     staged = _copy_state_dict(state, cached, non_blocking=False)
 
     def write_mine() -> None:
-        folder = str(target.storage.temp(target.step))
-        dcp.save(staged, checkpoint_id=folder, process_group=found.write)  # type: ignore[attr-defined]
+        where = target.storage.dcp_writer(target.step, target.token)
+        dcp.save(staged, process_group=found.write, **where)  # type: ignore[attr-defined]
 
     return lambda: _write(target, write_mine, {"format": "dcp"})
 
@@ -185,14 +194,14 @@ def _write(target: _Target, write_mine: Callable[[], None], manifest: dict[str, 
     phase the ranks exchange whether it went well, so a failure anywhere stops every rank's job
     at the same point (a rank that failed raises its own error, the others name it).
     """
-    storage, step, rank = target.storage, target.step, target.rank
+    storage, step, rank, token = target.storage, target.step, target.rank, target.token
 
     def publish() -> None:
-        storage.publish(step, {"world_size": target.size, **manifest})
+        storage.publish(step, token, {"world_size": target.size, **manifest})
         storage.prune(target.keep)
 
     phases: list[tuple[str, Callable[[], None], bool]] = [
-        ("prepare its folder", lambda: storage.prepare(step), rank == 0),
+        ("prepare its folder", lambda: storage.prepare(step, token), rank == 0),
         ("write its part", write_mine, True),
         ("publish it", publish, rank == 0),
     ]
@@ -207,7 +216,7 @@ def _write(target: _Target, write_mine: Callable[[], None], manifest: dict[str, 
         if all(every):
             continue
         if rank == 0 and what != "publish it":
-            storage.discard(step)
+            storage.discard(step, token)
         if error is not None:
             raise CheckpointError(
                 f"checkpoint step {step} was not published: rank {rank} could not {what}: "

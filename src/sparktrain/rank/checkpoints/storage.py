@@ -1,11 +1,16 @@
-"""Where checkpoints live: a folder reached by path, written in a temporary folder and renamed.
+"""Where checkpoints live: a folder reached by path, or an object store's URL.
 
 A :class:`LocalStorage` is a folder every rank reaches by the same path (a local disk for one
 machine, a shared mount for several). A checkpoint is written into ``.step-00000042.tmp`` and
 becomes ``step-00000042`` in one ``rename`` once its ``COMPLETE`` manifest is written and every
 file is flushed: a crash at any moment leaves the previous checkpoints and, at worst, a
-temporary folder that the next save removes. :func:`storage_for` refuses a URL (``s3://``,
-``dbfs:/``) by name rather than take it for a local folder called ``s3:``.
+temporary folder that the next save removes. A URL (``s3://``, ``gs://``, ``abfs://``) is an
+:class:`~sparktrain.rank.checkpoints.objects.ObjectStorage`, which has no rename: there the
+manifest, written last, is the publication. :func:`storage_for` tells them apart; it never
+takes a URL for a local folder called ``s3:``.
+
+Every method takes the save's ``token`` (the same on every rank): an object store writes a
+checkpoint's files under it, so that a step saved again never overwrites a published one.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from sparktrain.ground.errors import ConfigError
 
@@ -31,17 +36,71 @@ def step_name(step: int) -> str:
     return f"step-{step:08d}"
 
 
-def storage_for(directory: str | os.PathLike[str]) -> LocalStorage:
-    """The storage ``directory`` names; a URL sparktrain cannot write to is refused by name."""
+def storage_for(
+    directory: str | os.PathLike[str], options: dict[str, Any] | None = None
+) -> Storage:
+    """The storage ``directory`` names (``options``: the object store's, such as credentials)."""
     text = os.fspath(directory)
     found = _URL.match(text) if isinstance(text, str) else None
-    if found and not (len(found.group(1)) == 1 and os.name == "nt"):  # C:/ on Windows is a path
-        raise ConfigError(
-            f"checkpoint directory {text!r} is a {found.group(1)}: URL, and checkpoints are "
-            "written to folders reached by path only. Pass a local folder or a shared mount "
-            "every node reaches (on Databricks: /dbfs/... or /Volumes/...)."
-        )
-    return LocalStorage(Path(text))
+    if found is None or (len(found.group(1)) == 1 and os.name == "nt"):  # C:/ is a path there
+        return LocalStorage(Path(text))
+    scheme = found.group(1).lower()
+    if scheme == "file":
+        return LocalStorage(Path(text.split(":", 1)[1].removeprefix("//")))
+    if scheme == "dbfs":
+        return _dbfs(text)
+    from sparktrain.rank.checkpoints.objects import ObjectStorage
+
+    return ObjectStorage.at(text, scheme, options or {})
+
+
+def _dbfs(text: str) -> Storage:
+    """``dbfs:/x`` is ``/dbfs/x`` where the Databricks file system is mounted (its nodes)."""
+    mounted = Path("/dbfs") / text.split(":", 1)[1].lstrip("/")
+    if Path("/dbfs").is_dir():
+        return LocalStorage(mounted)
+    raise ConfigError(
+        f"checkpoint directory {text!r} is a dbfs: URL, which is read through its mount, "
+        f"{mounted}, on Databricks' nodes, and /dbfs is not mounted here. Pass a folder every "
+        "node reaches, or a Unity Catalog volume (/Volumes/...)."
+    )
+
+
+class Storage(Protocol):
+    """What a checkpoint's writer and reader need of where checkpoints live."""
+
+    def location(self, step: int) -> Any:
+        """Where the checkpoint of ``step`` is once published."""
+
+    def prepare(self, step: int, token: str) -> None:
+        """Make ready for the files of ``step`` (one rank, before any writes)."""
+
+    def write(self, step: int, token: str, name: str, fill: Callable[[IO[bytes]], Any]) -> int:
+        """Write the file ``name`` of ``step`` durably with ``fill(handle)``; return its size."""
+
+    def dcp_writer(self, step: int, token: str) -> dict[str, Any]:
+        """The keyword arguments of ``torch.distributed.checkpoint.save`` for ``step``."""
+
+    def publish(self, step: int, token: str, manifest: dict[str, Any]) -> None:
+        """Make the checkpoint of ``step`` visible at once, its manifest last."""
+
+    def discard(self, step: int, token: str) -> None:
+        """Remove what a failed write of ``step`` left."""
+
+    def steps(self) -> list[int]:
+        """The steps of the published checkpoints, oldest first."""
+
+    def manifest(self, step: int) -> dict[str, Any]:
+        """The manifest of a published checkpoint (``{}`` when unreadable)."""
+
+    def open(self, step: int, name: str) -> IO[bytes]:
+        """Open the file ``name`` of the published checkpoint of ``step`` for reading."""
+
+    def dcp_reader(self, step: int) -> dict[str, Any]:
+        """The keyword arguments of ``torch.distributed.checkpoint.load`` for ``step``."""
+
+    def prune(self, keep: int) -> None:
+        """Keep the newest ``keep`` checkpoints; remove what crashed writes left."""
 
 
 class LocalStorage:
@@ -58,14 +117,14 @@ class LocalStorage:
         """The folder the ranks write the checkpoint of ``step`` into before publication."""
         return self.root / f".{step_name(step)}.tmp"
 
-    def prepare(self, step: int) -> None:
+    def prepare(self, step: int, token: str) -> None:
         """Make an empty temporary folder for ``step`` (one rank, before any writes)."""
         tmp = self.temp(step)
         self.root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
 
-    def write(self, step: int, name: str, fill: Callable[[IO[bytes]], Any]) -> int:
+    def write(self, step: int, token: str, name: str, fill: Callable[[IO[bytes]], Any]) -> int:
         """Write the file ``name`` of ``step`` with ``fill(handle)``, flushed; return its size."""
         path = self.temp(step) / name
         with open(path, "wb") as handle:
@@ -74,7 +133,11 @@ class LocalStorage:
             os.fsync(handle.fileno())
             return handle.tell()
 
-    def publish(self, step: int, manifest: dict[str, Any]) -> None:
+    def dcp_writer(self, step: int, token: str) -> dict[str, Any]:
+        """DCP writes into the temporary folder."""
+        return {"checkpoint_id": str(self.temp(step))}
+
+    def publish(self, step: int, token: str, manifest: dict[str, Any]) -> None:
         """Write the manifest last and make the checkpoint of ``step`` visible in one rename."""
         tmp, final = self.temp(step), self.location(step)
         body = {"step": step, "time": time.time(), **manifest}
@@ -90,7 +153,7 @@ class LocalStorage:
             os.rename(tmp, final)
         _fsync_dir(self.root)
 
-    def discard(self, step: int) -> None:
+    def discard(self, step: int, token: str) -> None:
         """Remove what a failed write of ``step`` left."""
         shutil.rmtree(self.temp(step), ignore_errors=True)
 
@@ -112,6 +175,14 @@ class LocalStorage:
         except (OSError, ValueError):
             return {}
         return found if isinstance(found, dict) else {}
+
+    def open(self, step: int, name: str) -> IO[bytes]:
+        """Open a file of a published checkpoint."""
+        return open(self.location(step) / name, "rb")
+
+    def dcp_reader(self, step: int) -> dict[str, Any]:
+        """DCP reads the published folder."""
+        return {"checkpoint_id": str(self.location(step))}
 
     def prune(self, keep: int) -> None:
         """Keep the newest ``keep`` checkpoints; remove temporary folders of crashed writes."""

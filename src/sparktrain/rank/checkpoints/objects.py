@@ -1,0 +1,146 @@
+"""Checkpoints on an object store (``s3://``, ``gs://``, ``abfs://``), through fsspec.
+
+An object store has no rename, so a checkpoint is published by its manifest: each rank writes
+its files under ``step-00000042/<token>/`` (the save's token, the same on every rank), and rank
+0 writes ``step-00000042/COMPLETE`` last, naming the token. One object is written whole or not
+at all, so :meth:`ObjectStorage.steps` sees a checkpoint only once every part is there; a step
+saved again (a resumed run) writes under a new token, and its manifest replaces the old one in
+one write. Pruning removes a checkpoint's manifest first, then its files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable
+from typing import IO, Any
+
+from sparktrain.ground.errors import ConfigError
+from sparktrain.rank.checkpoints.storage import MANIFEST, NAME, step_name
+
+#: scheme -> the package that gives fsspec that store.
+PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "abfs": "adlfs",
+            "abfss": "adlfs", "az": "adlfs", "memory": "fsspec"}  # fmt: skip
+
+
+class ObjectStorage:
+    """Checkpoints under a URL; publication is the manifest, written last."""
+
+    def __init__(self, fs: Any, root: str, url: str, options: dict[str, Any]) -> None:
+        self.fs, self.root, self.url, self.options = fs, root.rstrip("/"), url.rstrip("/"), options
+
+    @classmethod
+    def at(cls, url: str, scheme: str, options: dict[str, Any]) -> ObjectStorage:
+        """The store ``url`` names; a missing package is named with what to install."""
+        package = PACKAGES.get(scheme, f"the fsspec implementation of {scheme}://")
+        try:
+            import fsspec  # type: ignore[import-untyped]
+        except ImportError:
+            raise ConfigError(
+                f"checkpoint directory {url!r} needs fsspec and {package}: "
+                f"pip install 'sparktrain[storage]' {package}"
+            ) from None
+        try:
+            fs, root = fsspec.core.url_to_fs(url, **options)
+        except (ImportError, ValueError) as exc:
+            raise ConfigError(
+                f"checkpoint directory {url!r}: fsspec cannot open {scheme}:// ({exc}); "
+                f"pip install {package}"
+            ) from None
+        return cls(fs, root, url, options)
+
+    def location(self, step: int) -> str:
+        """The checkpoint's URL."""
+        return f"{self.url}/{step_name(step)}"
+
+    def _data(self, step: int, token: str) -> str:
+        return f"{self.root}/{step_name(step)}/{token}"
+
+    def prepare(self, step: int, token: str) -> None:
+        """Nothing to make: an object store has no folders."""
+
+    def write(self, step: int, token: str, name: str, fill: Callable[[IO[bytes]], Any]) -> int:
+        """Write one object; it exists, whole, once ``close`` returns."""
+        with self.fs.open(f"{self._data(step, token)}/{name}", "wb") as handle:
+            fill(handle)
+            size = int(handle.tell())
+        return size
+
+    def dcp_writer(self, step: int, token: str) -> dict[str, Any]:
+        """DCP through its fsspec writer, under the token."""
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+        path = f"{self.url}/{step_name(step)}/{token}"
+        return {"storage_writer": FsspecWriter(path, **self.options)}
+
+    def publish(self, step: int, token: str, manifest: dict[str, Any]) -> None:
+        """Write the manifest, naming the token: the one write that publishes."""
+        body = {"step": step, "time": time.time(), "data": token, **manifest}
+        self.fs.pipe(f"{self.root}/{step_name(step)}/{MANIFEST}", json.dumps(body).encode())
+
+    def discard(self, step: int, token: str) -> None:
+        """Remove the token's files of a write that failed."""
+        self._remove(self._data(step, token))
+
+    def steps(self) -> list[int]:
+        """Steps whose manifest exists, oldest first."""
+        self.fs.invalidate_cache(self.root)
+        try:
+            found = self.fs.glob(f"{self.root}/step-*/{MANIFEST}")
+        except FileNotFoundError:
+            return []
+        steps = []
+        for path in found:
+            match = NAME.match(str(path).rstrip("/").split("/")[-2])
+            if match:
+                steps.append(int(match.group(1)))
+        return sorted(steps)
+
+    def manifest(self, step: int) -> dict[str, Any]:
+        """The manifest of a published checkpoint (``{}`` when unreadable)."""
+        try:
+            found = json.loads(self.fs.cat(f"{self.root}/{step_name(step)}/{MANIFEST}"))
+        except (OSError, ValueError):
+            return {}
+        return found if isinstance(found, dict) else {}
+
+    def open(self, step: int, name: str) -> IO[bytes]:
+        """Open a file of a published checkpoint."""
+        token = self.manifest(step).get("data", "")
+        return self.fs.open(f"{self._data(step, token)}/{name}", "rb")  # type: ignore[no-any-return]
+
+    def dcp_reader(self, step: int) -> dict[str, Any]:
+        """DCP through its fsspec reader, under the manifest's token."""
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+        token = self.manifest(step).get("data", "")
+        return {"storage_reader": FsspecReader(f"{self.location(step)}/{token}", **self.options)}
+
+    def prune(self, keep: int) -> None:
+        """Keep the newest ``keep``: each older one loses its manifest, then its files."""
+        steps = self.steps()
+        for old in steps[:-keep] if keep > 0 else []:
+            folder = f"{self.root}/{step_name(old)}"
+            self._remove(f"{folder}/{MANIFEST}")
+            self._remove(folder)
+        for step in steps[-keep:] if keep > 0 else steps:  # other tokens: earlier tries
+            token = self.manifest(step).get("data")
+            for path in self._list(f"{self.root}/{step_name(step)}"):
+                if path.rstrip("/").split("/")[-1] not in (token, MANIFEST):
+                    self._remove(path)
+        for path in self._list(self.root):  # the folders of writes that never published
+            match = NAME.match(path.rstrip("/").split("/")[-1])
+            if match and int(match.group(1)) not in steps:
+                self._remove(path)
+
+    def _list(self, path: str) -> list[str]:
+        self.fs.invalidate_cache(path)
+        try:
+            return [str(p) for p in self.fs.ls(path, detail=False)]
+        except FileNotFoundError:
+            return []
+
+    def _remove(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(path, recursive=True)

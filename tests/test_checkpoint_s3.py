@@ -1,0 +1,136 @@
+"""Checkpoints on an object store: a real S3 endpoint on loopback (moto's server), through s3fs.
+
+Every rank writes its part under the save's token, the manifest is written last and is the
+publication, a writer killed mid-write leaves the previous checkpoint loadable, ``keep=`` prunes.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+import torch
+from tests.conftest import free_port
+from tests.test_checkpoint_async import KILLED_MID_WRITE
+
+from sparktrain import checkpoint, launch
+
+pytest.importorskip("s3fs")
+pytest.importorskip("moto")
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[dict[str, str]]:
+    """A bucket on a real S3 endpoint on loopback; the fsspec options that reach it."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    options = {
+        "endpoint_url": f"http://127.0.0.1:{port}",
+        "key": "testing",
+        "secret": "testing",
+        "client_kwargs": {"region_name": "us-east-1"},
+    }
+    client = boto3.client(
+        "s3",
+        endpoint_url=options["endpoint_url"],
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
+    client.create_bucket(Bucket="ckpt")
+    try:
+        yield options  # type: ignore[misc]
+    finally:
+        server.stop()
+
+
+def _objects(options: dict, prefix: str) -> list[str]:
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**options)
+    fs.invalidate_cache()
+    return sorted(p.split(f"{prefix}/", 1)[1] for p in fs.find(f"ckpt/{prefix}"))
+
+
+def _train_and_save(url: str, options: dict, steps: int) -> list[float]:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    state = {"a": torch.randn(400, 1024), "b": torch.randn(300, 1024), "step": 0}
+    for step in range(1, steps + 1):
+        state["a"].add_(1.0)
+        state["step"] = step
+        checkpoint.save(state, url, step=step, keep=2, storage_options=options)
+    checkpoint.wait()
+    found = checkpoint.load_latest(url, storage_options=options)
+    assert found is not None
+    return [found.step, found.state["step"], float(found.state["a"].sum() - state["a"].sum())]
+
+
+def test_two_ranks_write_their_parts_to_s3_and_keep_prunes(s3: dict) -> None:
+    url = "s3://ckpt/run1"
+    run = launch(_train_and_save, (url, s3, 4), num_processes=2, use_gpu=False, return_all=True)
+    assert run.return_values == {0: [4, 4, 0.0], 1: [4, 4, 0.0]}
+    objects = _objects(s3, "run1")
+    assert [o for o in objects if o.endswith("COMPLETE")] == [
+        "step-00000003/COMPLETE",
+        "step-00000004/COMPLETE",
+    ]  # keep=2: steps 1 and 2 are gone, manifest and files
+    latest = [
+        o.split("/", 2)[2] for o in objects if o.startswith("step-00000004/") and o.count("/") == 2
+    ]
+    assert sorted(latest) == ["part-00000.bin", "part-00001.bin", "skeleton.pt"]
+    assert len({o.split("/")[1] for o in objects if o.startswith("step-00000004/")}) == 2  # token
+    assert checkpoint.latest_step(url, storage_options=s3) == 4
+
+
+def test_a_step_saved_again_replaces_the_published_one_whole(s3: dict) -> None:
+    url = "s3://ckpt/again"
+    checkpoint.save({"w": torch.zeros(3)}, url, step=5, storage_options=s3, blocking=True)
+    checkpoint.save({"w": torch.ones(3)}, url, step=5, storage_options=s3, blocking=True)
+    found = checkpoint.load_latest(url, storage_options=s3)
+    assert found is not None and torch.equal(found.state["w"], torch.ones(3))
+    tokens = {o.split("/")[1] for o in _objects(s3, "again") if o.count("/") == 2}
+    assert len(tokens) == 1  # the first save's files were pruned once the second published
+
+
+def _sharded_to_s3(url: str, options: dict) -> bool:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    state = {"w": torch.arange(1000.0) + dist.get_rank() * 0, "n": torch.tensor(3)}
+    checkpoint.save(state, url, step=1, sharded=True, storage_options=options)
+    checkpoint.wait()
+    into = {"w": torch.zeros(1000), "n": torch.tensor(0)}
+    found = checkpoint.load_latest(url, into=into, storage_options=options)
+    return (
+        found is not None and torch.equal(into["w"], torch.arange(1000.0)) and int(into["n"]) == 3
+    )
+
+
+def test_a_sharded_checkpoint_goes_to_s3_through_dcp(s3: dict) -> None:
+    run = launch(_sharded_to_s3, ("s3://ckpt/dcp", s3), num_processes=2, use_gpu=False)
+    assert run.value is True
+    assert any(o.endswith(".metadata") for o in _objects(s3, "dcp"))
+
+
+def test_a_writer_killed_mid_write_on_s3_leaves_a_whole_checkpoint(s3: dict) -> None:
+    import json
+
+    done = subprocess.run(
+        [sys.executable, "-c", KILLED_MID_WRITE, "s3://ckpt/killed", "15", json.dumps(s3), "2.5"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = eval(done.stdout.strip().splitlines()[-1])
+    assert seen["none"] + seen["published"] == 15 and seen["published"] > 0

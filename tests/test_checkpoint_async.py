@@ -140,7 +140,7 @@ def test_a_rank_whose_write_fails_is_named_on_every_rank_and_nothing_is_publishe
     said = run.return_values
     assert "rank 1 could not write its part: OSError" in said[1], said
     assert "No space left on device" in said[1]
-    assert "rank(s) 1 could not write its part" in said[0], said
+    assert "rank(s) 1 could not write its part" in said[0] and "their own error says why" in said[0]
     assert checkpoint.latest_step(tmp_path) == 1  # the previous one is still the newest
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000001"]
 
@@ -272,3 +272,30 @@ def test_a_rank_that_returns_right_after_save_still_publishes(tmp_path: Path) ->
     launch(body, (str(tmp_path),), num_processes=2, use_gpu=False)
     assert checkpoint.latest_step(tmp_path) == 9
     assert os.listdir(tmp_path) == ["step-00000009"]
+
+
+def _rank1_disk_full_unhandled(folder: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        from sparktrain.rank.checkpoints import parts
+
+        def full_disk(handle: object, tensors: object) -> None:
+            raise OSError(28, "No space left on device")
+
+        parts.write = full_disk  # type: ignore[assignment]
+    checkpoint.save({"w": torch.zeros(400_000), "x": torch.zeros(400_000)}, folder, step=1)
+    # The function returns; the rank waits for its write, which failed.
+
+
+def test_the_rank_whose_write_failed_is_the_culprit_not_the_peer_that_heard_of_it(
+    tmp_path: Path,
+) -> None:
+    from sparktrain import TrainingFailedError
+
+    with pytest.raises(TrainingFailedError) as info:
+        launch(_rank1_disk_full_unhandled, (str(tmp_path),), num_processes=2, use_gpu=False)
+    assert info.value.culprit is not None and info.value.culprit.rank == 1
+    assert "No space left on device" in str(info.value)
+    assert checkpoint.latest_step(tmp_path) is None

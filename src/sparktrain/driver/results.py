@@ -20,7 +20,7 @@ from sparktrain.ground.errors import (
     RankFailure,
     TrainingFailedError,
     TrainingTimeoutError,
-    is_connection_error,
+    is_consequence,
 )
 
 _GROW_BACK = f"{GrowBack.__module__}.{GrowBack.__qualname__}"
@@ -122,7 +122,7 @@ class RunResult:
 
 
 def _secondary(failure: RankFailure) -> bool:
-    return is_connection_error(failure.message)
+    return is_consequence(failure.message)
 
 
 def culprit_of(failures: Mapping[int, RankFailure]) -> RankFailure:

@@ -242,6 +242,16 @@ _CONNECTION = re.compile(
 )
 
 
+#: Ends the error of a rank that failed only because a peer did (a checkpoint a peer could not
+#: write): the peer is the culprit.
+PEERS_OWN_ERROR = "(their own error says why)"
+
+
+def is_consequence(message: str) -> bool:
+    """Whether a rank's error is a consequence of a peer's: its connection, or its write."""
+    return is_connection_error(message) or PEERS_OWN_ERROR in message
+
+
 def is_connection_error(message: str) -> bool:
     """Whether a rank's error message is a peer's connection failing (a consequence)."""
     return bool(_CONNECTION.search(message))

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from sparktrain.ground.errors import CheckpointError, GrowBack
+from sparktrain.ground.errors import PEERS_OWN_ERROR, CheckpointError, GrowBack
 from sparktrain.rank.checkpoints import coordinate, parts, staging
 from sparktrain.rank.checkpoints.storage import Storage, storage_for
 from sparktrain.rank.checkpoints.writer import WRITER
@@ -224,8 +224,8 @@ def _write(target: _Target, write_mine: Callable[[], None], manifest: dict[str, 
             ) from error
         failed = ", ".join(str(r) for r, good in enumerate(every) if not good)
         raise CheckpointError(
-            f"checkpoint step {step} was not published: rank(s) {failed} could not {what} "
-            "(their own error says why); the previous checkpoint is still the newest"
+            f"checkpoint step {step} was not published: rank(s) {failed} could not {what}; "
+            f"the previous checkpoint is still the newest {PEERS_OWN_ERROR}"
         )
 
 

@@ -3,7 +3,10 @@
 Two ranks (``sparktrain.launch``, gloo) hold the same state: an MLP of ``--layers`` layers of
 ``--width`` x ``--width`` (8 x 4096 x 4096 by default: 134 M parameters, 0.54 GB) with its Adam
 state (two more copies), about 1.6 GB a rank, as ``get_state_dict(model, optimizer)`` gives it.
-Each way saves the same state ``--repeat`` times into a fresh folder under ``--dir``:
+Each way saves the same state once alone (for its memory), then ``--repeat`` times into a
+folder of its own under ``--dir``, in rounds (each round every way once, the order turned by
+one each round, so that the disk's writeback of earlier saves falls on every way alike; each way
+keeps its newest checkpoint):
 
 * bare copy: the state's tensors copied into host buffers allocated beforehand (the floor:
   nothing can stage a state in less);
@@ -19,21 +22,24 @@ For each, over the two ranks (the slower rank's figure, as the loop waits for it
 * stall: from the call to its return, the time the training loop is blocked;
 * durable: from the call until the checkpoint is on disk (fsynced) and, for sparktrain,
   published;
-* peak extra memory: the rank's peak resident memory during the way's saves (``VmHWM``, reset
-  before) minus its resident memory before the first.
+* peak extra memory: the rank's peak resident memory during the way's first save (``VmHWM``,
+  reset before; each way's first save alone, a second after the previous way's, before the
+  timed rounds) minus its resident memory just before it; for sparktrain that first save
+  allocates the host buffers it keeps; for the bare copy, its buffers.
 
-The medians of the repeats are printed; sparktrain's first save (which allocates its buffers)
-is printed on its own line. Then the goals: sparktrain's stall against the bare copy (at most
-1.2x) and against DCP ``async_save`` (at most 0.5x), its time to durable against DCP ``save``
-(at most 1x).
+The medians of the timed rounds are printed; sparktrain's first save (which allocates its
+buffers) is printed on its own line. Then the goals: sparktrain's stall against the bare copy
+(at most 1.2x) and against DCP ``async_save`` (at most 0.5x), its time to durable against DCP
+``save`` (at most 1x).
 
-    python benchmarks/checkpoint.py                   # about 3 minutes on 2 cores
+    python benchmarks/checkpoint.py --repeat 5        # about 3 minutes on 2 cores
     python benchmarks/checkpoint.py --layers 2 --repeat 2   # a quick look
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import shutil
 import statistics
@@ -101,32 +107,11 @@ def rank_body(folder: str, layers: int, width: int, repeat: int) -> dict[str, An
     tensors = _tensors(state)
     out: dict[str, Any] = {"bytes": sum(t.numel() * t.element_size() for t in tensors)}
 
-    def way(name: str, call: Any, durable: Any) -> None:
-        where = Path(folder) / name.replace(" ", "_").replace(".", "")
-        stalls, durables = [], []
-        dist.barrier()
-        _reset_peak()
-        base = _rss("VmRSS:")
-        for step in range(repeat):
-            dist.barrier()
-            start = time.perf_counter()
-            handle = call(where, step)
-            stalls.append(time.perf_counter() - start)
-            durable(handle)
-            durables.append(time.perf_counter() - start)
-        dist.barrier()
-        out[name] = {"stall": stalls, "durable": durables, "peak": _rss("VmHWM:") - base}
-        if rank == 0:
-            shutil.rmtree(where, ignore_errors=True)
-
-    buffers = [torch.empty_like(t) for t in tensors]
+    buffers = [torch.zeros_like(t) for t in tensors]  # allocated and touched beforehand
 
     def bare(_where: Path, _step: int) -> None:
         for buffer, tensor in zip(buffers, tensors, strict=True):
             buffer.copy_(tensor)
-
-    way("bare copy", bare, lambda _h: None)
-    buffers.clear()
 
     def rank0(where: Path, step: int) -> None:
         if rank == 0:
@@ -136,27 +121,64 @@ def rank_body(folder: str, layers: int, width: int, repeat: int) -> dict[str, An
             _fsync_file(path)
         dist.barrier()
 
-    way("torch.save rank 0", rank0, lambda _h: None)
-    way(
-        "DCP save",
-        lambda where, step: dcp.save(state, checkpoint_id=str(where / f"step-{step}")),
-        lambda _h: None,
-    )
-    way(
-        "DCP async_save",
-        lambda where, step: dcp.async_save(state, checkpoint_id=str(where / f"step-{step}")),
-        lambda future: future.result(),
-    )
-    way(
-        "sparktrain",
-        lambda where, step: checkpoint.save(state, where, step, keep=1),
-        lambda _h: checkpoint.wait(),
-    )
+    ways: dict[str, tuple[Any, Any]] = {
+        "bare copy": (bare, lambda _h: None),
+        "torch.save rank 0": (rank0, lambda _h: None),
+        "DCP save": (
+            lambda where, step: dcp.save(state, checkpoint_id=str(where / f"step-{step}")),
+            lambda _h: None,
+        ),
+        "DCP async_save": (
+            lambda where, step: dcp.async_save(state, checkpoint_id=str(where / f"step-{step}")),
+            lambda future: future.result(),
+        ),
+        "sparktrain": (
+            lambda where, step: checkpoint.save(state, where, step, keep=1),
+            lambda _h: checkpoint.wait(),
+        ),
+    }
+    for name in ways:
+        out[name] = {"stall": [], "durable": [], "peak": 0}
+
+    def timed(name: str, step: int) -> tuple[float, float]:
+        call, durable = ways[name]
+        where = Path(folder) / name.replace(" ", "_").replace(".", "")
+        dist.barrier()
+        start = time.perf_counter()
+        handle = call(where, step)
+        stall = time.perf_counter() - start
+        durable(handle)
+        done = time.perf_counter() - start
+        del handle
+        dist.barrier()
+        if rank == 0 and name != "sparktrain":  # the others keep one checkpoint too
+            shutil.rmtree(where / f"step-{step - 1}", ignore_errors=True)
+            (where / f"state-{step - 1}.pt").unlink(missing_ok=True)
+        return stall, done
+
+    # Memory first: each way's first save alone, after what the one before freed is gone.
+    for name in ways:
+        gc.collect()
+        time.sleep(1.0)
+        _reset_peak()
+        base = _rss("VmRSS:")
+        out[name]["first"] = timed(name, 0)
+        out[name]["peak"] = _rss("VmHWM:") - base
+    out["bare copy"]["peak"] = out["bytes"]  # its buffers, allocated beforehand
+    # Then the timings, in rounds, the order turned each round: the disk's writeback of the
+    # previous save falls on every way alike.
+    for step in range(1, repeat + 1):
+        names = list(ways)
+        names = names[step % len(names) :] + names[: step % len(names)]
+        for name in names:
+            stall, done = timed(name, step)
+            out[name]["stall"].append(stall)
+            out[name]["durable"].append(done)
     return out
 
 
-def _table(values: dict[int, dict[str, Any]]) -> dict[str, dict[str, float]]:
-    rows: dict[str, dict[str, float]] = {}
+def _table(values: dict[int, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    rows: dict[str, dict[str, Any]] = {}
     for name in WAYS:
         per_rank = [v[name] for v in values.values()]
         repeats = len(per_rank[0]["stall"])
@@ -167,9 +189,10 @@ def _table(values: dict[int, dict[str, Any]]) -> dict[str, dict[str, float]]:
         rows[name] = {
             "stall": statistics.median(slowest["stall"]),
             "durable": statistics.median(slowest["durable"]),
-            "first stall": slowest["stall"][0],
-            "first durable": slowest["durable"][0],
+            "first stall": max(r["first"][0] for r in per_rank),
+            "first durable": max(r["first"][1] for r in per_rank),
             "peak": max(r["peak"] for r in per_rank) / 1e9,
+            "durables": slowest["durable"],
         }
     return rows
 
@@ -211,6 +234,9 @@ def main() -> None:
     ours = rows["sparktrain"]
     print(f"{'sparktrain, 1st save':<20} {ours['first stall']:>9.3f} {ours['first durable']:>10.3f}"
           "      (allocates its host buffers)")  # fmt: skip
+    for name in ("DCP save", "DCP async_save", "sparktrain"):
+        each = " ".join(f"{d:.3f}" for d in rows[name]["durables"])
+        print(f"  durable, each save, {name}: {each}")
     print()
     print("Goals")
     for label, num, den, goal in (

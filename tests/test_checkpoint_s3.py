@@ -97,8 +97,13 @@ def test_a_step_saved_again_replaces_the_published_one_whole(s3: dict) -> None:
     checkpoint.save({"w": torch.ones(3)}, url, step=5, storage_options=s3, blocking=True)
     found = checkpoint.load_latest(url, storage_options=s3)
     assert found is not None and torch.equal(found.state["w"], torch.ones(3))
-    tokens = {o.split("/")[1] for o in _objects(s3, "again") if o.count("/") == 2}
-    assert len(tokens) == 1  # the first save's files were pruned once the second published
+
+    def tokens() -> set[str]:
+        return {o.split("/")[1] for o in _objects(s3, "again") if o.startswith("step-00000005/")}
+
+    assert len(tokens()) == 3  # the manifest and two tries: the published one is the second
+    checkpoint.save({"w": torch.ones(3)}, url, step=6, storage_options=s3, blocking=True)
+    assert len(tokens()) == 2  # the next save removed the first try's files
 
 
 def _sharded_to_s3(url: str, options: dict) -> bool:

@@ -58,7 +58,23 @@ class ObjectStorage:
         return f"{self.root}/{step_name(step)}/{token}"
 
     def prepare(self, step: int, token: str) -> None:
-        """Nothing to make: an object store has no folders."""
+        """Remove what crashed writes left (no other write is in flight now); nothing to make.
+
+        That is every step folder without a manifest, and every token of a published step but
+        the one its manifest names.
+        """
+        steps = set(self.steps())
+        for path in self._list(self.root):
+            match = NAME.match(path.rstrip("/").split("/")[-1])
+            if match is None:
+                continue
+            if int(match.group(1)) not in steps:
+                self._remove(path)
+                continue
+            named = self.manifest(int(match.group(1))).get("data")
+            for inner in self._list(path):
+                if inner.rstrip("/").split("/")[-1] not in (named, MANIFEST):
+                    self._remove(inner)
 
     def write(self, step: int, token: str, name: str, fill: Callable[[IO[bytes]], Any]) -> int:
         """Write one object; it exists, whole, once ``close`` returns."""
@@ -118,21 +134,16 @@ class ObjectStorage:
         return {"storage_reader": FsspecReader(f"{self.location(step)}/{token}", **self.options)}
 
     def prune(self, keep: int) -> None:
-        """Keep the newest ``keep``: each older one loses its manifest, then its files."""
+        """Keep the newest ``keep``: each older one loses its manifest, then its files.
+
+        Runs beside the next save's write, so it removes published checkpoints only (the next
+        save's :meth:`prepare` removes what crashed writes left).
+        """
         steps = self.steps()
         for old in steps[:-keep] if keep > 0 else []:
             folder = f"{self.root}/{step_name(old)}"
             self._remove(f"{folder}/{MANIFEST}")
             self._remove(folder)
-        for step in steps[-keep:] if keep > 0 else steps:  # other tokens: earlier tries
-            token = self.manifest(step).get("data")
-            for path in self._list(f"{self.root}/{step_name(step)}"):
-                if path.rstrip("/").split("/")[-1] not in (token, MANIFEST):
-                    self._remove(path)
-        for path in self._list(self.root):  # the folders of writes that never published
-            match = NAME.match(path.rstrip("/").split("/")[-1])
-            if match and int(match.group(1)) not in steps:
-                self._remove(path)
 
     def _list(self, path: str) -> list[str]:
         self.fs.invalidate_cache(path)

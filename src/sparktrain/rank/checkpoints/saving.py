@@ -26,7 +26,7 @@ from typing import Any, Literal
 from sparktrain.ground.errors import PEERS_OWN_ERROR, CheckpointError, GrowBack
 from sparktrain.rank.checkpoints import coordinate, parts, staging
 from sparktrain.rank.checkpoints.storage import Storage, storage_for
-from sparktrain.rank.checkpoints.writer import WRITER
+from sparktrain.rank.checkpoints.writer import WRITER, Job
 
 _STAGER = staging.Stager()
 _DCP_CACHE: dict[str, Any] = {}
@@ -140,7 +140,7 @@ class _Target:
     token: str
 
 
-def _parts_job(flat: staging.Flat, target: _Target, alike: bool) -> Callable[[], None]:
+def _parts_job(flat: staging.Flat, target: _Target, alike: bool) -> Job:
     import torch
 
     rank, step = target.rank, target.step
@@ -166,7 +166,7 @@ def _parts_job(flat: staging.Flat, target: _Target, alike: bool) -> Callable[[],
     return lambda: _write(target, write_mine, {"format": "parts", "writers": writers})
 
 
-def _dcp_job(state: Any, target: _Target) -> Callable[[], None]:
+def _dcp_job(state: Any, target: _Target) -> Job:
     import torch.distributed.checkpoint as dcp
     from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 
@@ -187,18 +187,20 @@ def _dcp_job(state: Any, target: _Target) -> Callable[[], None]:
     return lambda: _write(target, write_mine, {"format": "dcp"})
 
 
-def _write(target: _Target, write_mine: Callable[[], None], manifest: dict[str, Any]) -> None:
+def _write(
+    target: _Target, write_mine: Callable[[], None], manifest: dict[str, Any]
+) -> Callable[[], None] | None:
     """The writer's job, the same three phases on every rank whatever fails.
 
     Rank 0 makes the temporary folder, every rank writes its part, rank 0 publishes; after each
     phase the ranks exchange whether it went well, so a failure anywhere stops every rank's job
-    at the same point (a rank that failed raises its own error, the others name it).
+    at the same point (a rank that failed raises its own error, the others name it). Returns
+    what rank 0 does once the checkpoint is published: prune the old ones.
     """
     storage, step, rank, token = target.storage, target.step, target.rank, target.token
 
     def publish() -> None:
         storage.publish(step, token, {"world_size": target.size, **manifest})
-        storage.prune(target.keep)
 
     phases: list[tuple[str, Callable[[], None], bool]] = [
         ("prepare its folder", lambda: storage.prepare(step, token), rank == 0),
@@ -227,6 +229,7 @@ def _write(target: _Target, write_mine: Callable[[], None], manifest: dict[str, 
             f"checkpoint step {step} was not published: rank(s) {failed} could not {what}; "
             f"the previous checkpoint is still the newest {PEERS_OWN_ERROR}"
         )
+    return (lambda: storage.prune(target.keep)) if rank == 0 else None  # once published
 
 
 def _keys(state: Any, prefix: str = "") -> list[str]:

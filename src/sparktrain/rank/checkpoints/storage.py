@@ -15,6 +15,7 @@ checkpoint's files under it, so that a step saved again never overwrites a publi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -118,10 +119,14 @@ class LocalStorage:
         return self.root / f".{step_name(step)}.tmp"
 
     def prepare(self, step: int, token: str) -> None:
-        """Make an empty temporary folder for ``step`` (one rank, before any writes)."""
+        """Make an empty temporary folder for ``step`` (one rank, before any writes).
+
+        Temporary folders of crashed writes go too: no other write is in flight now.
+        """
         tmp = self.temp(step)
         self.root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
+        for stale in self.root.glob(".step-*.tmp"):
+            shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir()
 
     def write(self, step: int, token: str, name: str, fill: Callable[[IO[bytes]], Any]) -> int:
@@ -185,15 +190,20 @@ class LocalStorage:
         return {"checkpoint_id": str(self.location(step))}
 
     def prune(self, keep: int) -> None:
-        """Keep the newest ``keep`` checkpoints; remove temporary folders of crashed writes."""
+        """Keep the newest ``keep`` checkpoints; remove what crashed writes left.
+
+        Runs beside the next save's write, so it leaves every temporary folder alone (the next
+        save's :meth:`prepare` removes those of crashed writes).
+        """
         steps = self.steps()
         for old in steps[:-keep] if keep > 0 else []:
             gone = self.root / f".{step_name(old)}.pruned"  # hidden at once, then removed
+            with contextlib.suppress(OSError):
+                os.rename(self.location(old), gone)
             shutil.rmtree(gone, ignore_errors=True)
-            os.rename(self.location(old), gone)
-            shutil.rmtree(gone, ignore_errors=True)
-        for stale in self.root.glob(".step-*"):
-            shutil.rmtree(stale, ignore_errors=True)
+        for stale in self.root.glob(".step-*"):  # pruned or replaced folders (not .tmp ones)
+            if not stale.name.endswith(".tmp"):
+                shutil.rmtree(stale, ignore_errors=True)
 
 
 def _fsync_dir(path: Path) -> None:

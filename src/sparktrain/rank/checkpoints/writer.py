@@ -10,36 +10,47 @@ it), on every rank, as a :class:`~sparktrain.ground.errors.CheckpointError`.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import threading
 from collections.abc import Callable
 
 from sparktrain.ground.errors import CheckpointError
 from sparktrain.rank import process_groups
 
+#: A checkpoint's job: it writes, and returns what to do once the checkpoint is published.
+Job = Callable[[], Callable[[], object] | None]
+
 
 class Writer:
-    """Runs checkpoint jobs one at a time, on a thread, and keeps the first failure."""
+    """Runs checkpoint jobs one at a time, each on a thread, and keeps the first failure.
+
+    A job returns what to do once its checkpoint is published (rank 0 prunes old ones), or
+    ``None``. The next job may start at the publication: that tidying up goes on beside it
+    (it never touches the staged buffers nor a checkpoint newer than the one published).
+    """
 
     def __init__(self) -> None:
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self._error: BaseException | None = None
         self._lock = threading.Lock()
-        self.published: object = None
+        self._published = threading.Event()
+        self._published.set()
 
     def busy(self) -> bool:
-        """Whether a job is still running."""
-        thread = self._thread
-        return thread is not None and thread.is_alive()
+        """Whether a checkpoint is still being written."""
+        return not self._published.is_set()
 
     def join(self) -> None:
-        """Wait for the running job, if any, without raising its failure."""
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
+        """Wait for every job and its tidying up to end, without raising a failure."""
+        for thread in list(self._threads):
+            if thread is not threading.current_thread():
+                thread.join()
+        self._threads = [t for t in self._threads if t.is_alive()]
 
     def wait(self) -> None:
-        """Wait for the running job; raise the failure of any job since the last call."""
-        self.join()
+        """Wait until the latest checkpoint is published (or failed); raise any failure since."""
+        if not any(t is threading.current_thread() for t in self._threads):
+            self._published.wait()
         with self._lock:
             error, self._error = self._error, None
         if error is not None:
@@ -47,24 +58,34 @@ class Writer:
                 raise error
             raise CheckpointError(str(error)) from error
 
-    def run(self, job: Callable[[], object]) -> None:
-        """Run ``job`` here and now (a blocking save), after any job still running."""
+    def _body(self, job: Job) -> None:
+        afterwards = None
+        try:
+            afterwards = job()
+        except BaseException as exc:  # kept for the loop's next save or wait
+            with self._lock:
+                self._error = self._error or exc
+        finally:
+            self._published.set()
+        if afterwards is not None:
+            with contextlib.suppress(Exception):  # tidying up is no part of the checkpoint
+                afterwards()
+
+    def run(self, job: Job) -> None:
+        """Run ``job`` here and now (a blocking save), after the one in flight."""
         self.wait()
-        self.published = job()
-
-    def submit(self, job: Callable[[], object]) -> None:
-        """Run ``job`` on a thread of its own, after any job still running."""
+        self._published.clear()
+        self._body(job)
         self.wait()
 
-        def body() -> None:
-            try:
-                self.published = job()
-            except BaseException as exc:  # kept for the loop's next save or wait
-                with self._lock:
-                    self._error = self._error or exc
-
-        thread = threading.Thread(target=body, name="sparktrain-checkpoint", daemon=False)
-        self._thread = thread
+    def submit(self, job: Job) -> None:
+        """Run ``job`` on a thread of its own, once the one in flight is published."""
+        self.wait()
+        self._published.clear()
+        thread = threading.Thread(
+            target=self._body, args=(job,), name="sparktrain-checkpoint", daemon=False
+        )
+        self._threads = [t for t in self._threads if t.is_alive()] + [thread]
         thread.start()
 
 

@@ -299,3 +299,46 @@ def test_the_rank_whose_write_failed_is_the_culprit_not_the_peer_that_heard_of_i
     assert info.value.culprit is not None and info.value.culprit.rank == 1
     assert "No space left on device" in str(info.value)
     assert checkpoint.latest_step(tmp_path) is None
+
+
+def _rank0_cannot_stage(folder: str) -> list[str]:
+    import threading
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    said = []
+    state: dict = {"w": torch.ones(400_000), "x": torch.ones(400_000)}
+    if dist.get_rank() == 0:
+        state["lock"] = threading.Lock()  # rank 0's skeleton cannot be pickled
+    try:
+        checkpoint.save(state, folder, step=1)
+        checkpoint.wait()
+    except CheckpointError as exc:
+        said.append(str(exc))
+    state.pop("lock", None)
+    checkpoint.save(state, folder, step=2)  # the ranks' writers are still in step
+    checkpoint.wait()
+    said.append(str(checkpoint.latest_step(folder)))
+    return said
+
+
+def test_a_rank_that_cannot_stage_fails_alone_and_the_next_save_works(tmp_path: Path) -> None:
+    run = launch(
+        _rank0_cannot_stage, (str(tmp_path),), num_processes=2, use_gpu=False, return_all=True
+    )
+    zero, one = run.return_values[0], run.return_values[1]
+    assert "rank 0 could not stage its part" in zero[0] and "lock" in zero[0], zero
+    assert "rank(s) 0 could not write its part" in one[0], one
+    assert zero[1] == one[1] == "2"
+
+
+def test_loading_refuses_what_it_cannot_do_by_name(tmp_path: Path) -> None:
+    import numpy as np
+
+    checkpoint.save({"w": torch.ones(2)}, tmp_path, step=np.int64(3), blocking=True)
+    assert checkpoint.latest_step(tmp_path) == 3
+    with pytest.raises(ValueError, match="map_location="):
+        checkpoint.load_latest(tmp_path, map_location={"cuda:1": "cuda:0"})
+    with pytest.raises(ValueError, match="replicated state"):
+        checkpoint.load_latest(tmp_path, into={"w": torch.zeros(2)})

@@ -19,6 +19,7 @@ def test_import_pulls_in_nothing_heavy() -> None:
 def test_public_names() -> None:
     assert sorted(sparktrain.__all__) == [
         "CapacityError",
+        "CheckpointError",
         "ClusterConfigError",
         "ClusterError",
         "ConfigError",

@@ -88,6 +88,12 @@ def load_latest(
     step = steps[-1]
     manifest = storage.manifest(step)
     path = storage.location(step)
+    _check_map_location(map_location)
+    if manifest.get("format") == "parts" and into is not None:
+        raise ValueError(
+            f"checkpoint {path} holds a replicated state (saved without sharded=True): "
+            "call load_latest without into= and load the returned state yourself"
+        )
     if manifest.get("format") == "dcp" or into is not None:
         if into is None:
             raise ValueError(
@@ -113,6 +119,16 @@ def load_latest(
     return Checkpoint(step=step, state=state, path=path, world_size=saved_by)
 
 
+def _check_map_location(map_location: Any) -> None:
+    import torch
+
+    if map_location is not None and not isinstance(map_location, str | torch.device):
+        raise ValueError(
+            f"map_location={map_location!r}: pass a device ('cpu', 'cuda:0', a torch.device) "
+            "or None (the CPU); a dict or a function is not supported"
+        )
+
+
 def _load_parts(storage: Storage, step: int, map_location: Any, weights_only: bool) -> Any:
     import torch
 
@@ -126,7 +142,7 @@ def _load_parts(storage: Storage, step: int, map_location: Any, weights_only: bo
                 tensors.update(parts.read(handle))
         except FileNotFoundError:
             continue
-    if map_location not in (None, "cpu"):
+    if map_location is not None and str(map_location) != "cpu":
         tensors = {i: t.to(map_location) for i, t in tensors.items()}
     missing = [i for i in range(len(head["owners"])) if i not in tensors]
     if missing:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from sparktrain.ground.errors import ConfigError
-from sparktrain.rank.checkpoints.storage import MANIFEST, NAME, step_name
+from sparktrain.rank.checkpoints.names import MANIFEST, NAME, step_name
 
 #: scheme -> the package that gives fsspec that store.
 PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "abfs": "adlfs",
@@ -29,6 +29,7 @@ class ObjectStorage:
 
     def __init__(self, fs: Any, root: str, url: str, options: dict[str, Any]) -> None:
         self.fs, self.root, self.url, self.options = fs, root.rstrip("/"), url.rstrip("/"), options
+        self._tokens: dict[int, str] = {}  # a load reads each manifest once
 
     @classmethod
     def at(cls, url: str, scheme: str, options: dict[str, Any]) -> ObjectStorage:
@@ -72,6 +73,8 @@ class ObjectStorage:
                 self._remove(path)
                 continue
             named = self.manifest(int(match.group(1))).get("data")
+            if not named:  # a manifest not read just now: leave the step as it is
+                continue
             for inner in self._list(path):
                 if inner.rstrip("/").split("/")[-1] not in (named, MANIFEST):
                     self._remove(inner)
@@ -121,17 +124,22 @@ class ObjectStorage:
             return {}
         return found if isinstance(found, dict) else {}
 
+    def _token(self, step: int) -> str:
+        if step not in self._tokens:
+            self._tokens[step] = str(self.manifest(step).get("data", ""))
+        return self._tokens[step]
+
     def open(self, step: int, name: str) -> IO[bytes]:
-        """Open a file of a published checkpoint."""
-        token = self.manifest(step).get("data", "")
+        """Open a file of a published checkpoint (every file from the same manifest's token)."""
+        token = self._token(step)
         return self.fs.open(f"{self._data(step, token)}/{name}", "rb")  # type: ignore[no-any-return]
 
     def dcp_reader(self, step: int) -> dict[str, Any]:
         """DCP through its fsspec reader, under the manifest's token."""
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
-        token = self.manifest(step).get("data", "")
-        return {"storage_reader": FsspecReader(f"{self.location(step)}/{token}", **self.options)}
+        path = f"{self.location(step)}/{self._token(step)}"
+        return {"storage_reader": FsspecReader(path, **self.options)}
 
     def prune(self, keep: int) -> None:
         """Keep the newest ``keep``: each older one loses its manifest, then its files.

@@ -16,7 +16,9 @@ checkpoint (its manifest last, then one rename) and prunes old ones. Formats, by
 
 from __future__ import annotations
 
+import contextlib
 import io
+import operator
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -77,7 +79,7 @@ def save(
         CheckpointError: The previous checkpoint's write failed (it was not published).
         GrowBack: The driver asked this elastic run to grow back; the checkpoint is published.
     """
-    _check(step, keep, if_busy)
+    step = _check(step, keep, if_busy)
     storage = storage_for(directory, storage_options)
     found = _groups()
     rank, size = coordinate.rank_and_size()
@@ -94,7 +96,14 @@ def save(
         return None
     WRITER.wait()  # back-pressure: the buffers are the previous checkpoint's until it is written
     target = _Target(storage, step, keep, found, rank, size, agreed.token)
-    job = _dcp_job(state, target) if flat is None else _parts_job(flat, target, agreed.alike)
+    try:
+        job = _dcp_job(state, target) if flat is None else _parts_job(flat, target, agreed.alike)
+    except Exception as exc:  # this rank cannot stage: its writer still meets the others'
+        WRITER.run(_failed_job(target, exc))
+        raise CheckpointError(
+            f"checkpoint step {step} was not published: rank {rank} could not stage its part: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
     if blocking or agreed.grow:
         WRITER.run(job)
     else:
@@ -110,20 +119,26 @@ def wait() -> None:
     WRITER.wait()
 
 
-def _check(step: int, keep: int, if_busy: str) -> None:
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+def _check(step: int, keep: int, if_busy: str) -> int:
+    try:
+        whole = operator.index(step)  # an int, a numpy integer, a 0-dim integer tensor
+    except TypeError:
+        whole = -1
+    if isinstance(step, bool) or whole < 0:
         raise ValueError(f"step={step!r} must be a whole number >= 0")
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
         raise ValueError(f"keep={keep!r} must be a whole number >= 0 (0 keeps every checkpoint)")
     if if_busy not in ("wait", "skip"):
         raise ValueError(f"if_busy={if_busy!r} must be 'wait' or 'skip'")
+    return whole
 
 
 def _groups() -> coordinate.Groups | None:
     if coordinate.dist() is None:
         return None
-    if coordinate.stale():
-        WRITER.join()  # a write of the world before a resize ends (or fails) first
+    if coordinate.stale():  # a write of the world before a resize ends (or fails) first;
+        WRITER.join()  # its failure belongs to that world, which the newcomers never saw
+        WRITER.forget("the process group changed (an in-place resize)")
     return coordinate.groups()
 
 
@@ -172,7 +187,7 @@ def _dcp_job(state: Any, target: _Target) -> Job:
 
     found = target.found
     assert found is not None
-    key = str(sorted(_keys(state)))
+    key = str(sorted(_keys(state)))  # names, shapes and dtypes: a changed tensor gets a new buffer
     cached = _DCP_CACHE.get(key)
     if cached is None:
         _DCP_CACHE.clear()
@@ -185,6 +200,19 @@ def _dcp_job(state: Any, target: _Target) -> Job:
         dcp.save(staged, process_group=found.write, **where)  # type: ignore[attr-defined]
 
     return lambda: _write(target, write_mine, {"format": "dcp"})
+
+
+def _failed_job(target: _Target, error: Exception) -> Job:
+    """The job of a rank that could not stage: it fails its write, so every rank stops alike."""
+
+    def fail() -> None:
+        raise error
+
+    def job() -> None:
+        with contextlib.suppress(CheckpointError):  # the caller raises this rank's own error
+            _write(target, fail, {})
+
+    return job
 
 
 def _write(
@@ -235,7 +263,10 @@ def _write(
 def _keys(state: Any, prefix: str = "") -> list[str]:
     if isinstance(state, dict):
         return [k for key, value in state.items() for k in _keys(value, f"{prefix}{key}.")]
-    return [prefix]
+    shape = getattr(state, "shape", None)
+    if shape is None:
+        return [prefix]
+    return [f"{prefix}:{tuple(shape)}:{getattr(state, 'dtype', '')}"]
 
 
 def _on_gpu(state: Any) -> bool:

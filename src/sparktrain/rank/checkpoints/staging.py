@@ -129,7 +129,7 @@ class Stager:
         import torch
 
         staged: dict[int, Any] = {}
-        on_gpu = False
+        devices = set()
         keep = set(indexes)
         for index in list(self._buffers):
             if index not in keep:
@@ -140,11 +140,12 @@ class Stager:
             if buffer is None or not _fits(buffer, source):
                 buffer = _empty_like(source)
                 self._buffers[index] = buffer
-            on_gpu = on_gpu or source.is_cuda
+            if source.is_cuda:
+                devices.add(source.device)
             buffer.copy_(source, non_blocking=source.is_cuda)
             staged[index] = buffer
-        if on_gpu:
-            torch.cuda.synchronize()
+        for device in devices:  # every GPU the copies came from, not only the current one
+            torch.cuda.synchronize(device)
         return staged
 
 

@@ -26,15 +26,9 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from sparktrain.ground.errors import ConfigError
+from sparktrain.rank.checkpoints.names import MANIFEST, NAME, step_name
 
-NAME = re.compile(r"^step-(\d{8,})$")
-MANIFEST = "COMPLETE"
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):(//|/)")
-
-
-def step_name(step: int) -> str:
-    """The published folder of ``step``."""
-    return f"step-{step:08d}"
 
 
 def storage_for(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import sys
 import threading
 from collections.abc import Callable
 
@@ -57,6 +58,14 @@ class Writer:
             if isinstance(error, CheckpointError):
                 raise error
             raise CheckpointError(str(error)) from error
+
+    def forget(self, why: str) -> None:
+        """Drop a kept failure (saying so on stderr): it belongs to a world that is gone."""
+        with self._lock:
+            error, self._error = self._error, None
+        if error is not None:
+            print(f"sparktrain: a checkpoint write failed before {why}, and was not "
+                  f"published: {error}", file=sys.stderr, flush=True)  # fmt: skip
 
     def _body(self, job: Job) -> None:
         afterwards = None

@@ -342,3 +342,14 @@ def test_loading_refuses_what_it_cannot_do_by_name(tmp_path: Path) -> None:
         checkpoint.load_latest(tmp_path, map_location={"cuda:1": "cuda:0"})
     with pytest.raises(ValueError, match="replicated state"):
         checkpoint.load_latest(tmp_path, into={"w": torch.zeros(2)})
+
+
+def test_a_modules_state_dict_keeps_its_version_metadata_and_sizes_stay_sizes(
+    tmp_path: Path,
+) -> None:
+    norm = torch.nn.BatchNorm1d(3)
+    checkpoint.save({"norm": norm.state_dict(), "shape": torch.Size([2, 3])}, tmp_path, step=1)
+    found = checkpoint.load_latest(tmp_path)
+    assert found is not None
+    assert found.state["norm"]._metadata == norm.state_dict()._metadata  # module versions
+    assert type(found.state["shape"]) is torch.Size

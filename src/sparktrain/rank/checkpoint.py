@@ -10,6 +10,9 @@ checkpoint in flight at most. ``wait()`` blocks until the latest is published; a
 launched by sparktrain waits before its function's value is reported, and before the default
 process group is destroyed. ``blocking=True`` returns only once the checkpoint is published.
 
+Outside a sparktrain launch (torchrun, say), call ``wait()`` before ``destroy_process_group()``:
+the writer's own gloo groups go with the default one.
+
 A replicated state (DDP) is written by every rank, each its share of the large tensors;
 ``sharded=True`` writes each rank's shards with ``torch.distributed.checkpoint`` (FSDP, ZeRO).
 The last ``keep`` checkpoints are kept.

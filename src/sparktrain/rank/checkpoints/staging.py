@@ -45,11 +45,14 @@ def _rebuild(value: Any, visit: Callable[[Any], tuple[bool, Any]]) -> Any:
         made = type(value)() if type(value) is not dict else {}
         for key, item in value.items():
             made[key] = _rebuild(item, visit)
+        if hasattr(value, "_metadata"):  # a module's state_dict: its versions, for loading
+            made._metadata = value._metadata  # type: ignore[attr-defined]
         return made
     if isinstance(value, list):
         return [_rebuild(item, visit) for item in value]
     if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(_rebuild(item, visit) for item in value)
+        items = [_rebuild(item, visit) for item in value]
+        return tuple(items) if type(value) is tuple else type(value)(items)  # torch.Size
     return value
 
 

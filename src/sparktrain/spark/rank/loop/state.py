@@ -92,7 +92,9 @@ def save(
         return
     if in_epoch:  # the loss so far, over every rank, so that the epoch's mean survives a resume
         partial = (*_summed(partial[:2], fit.device), partial[2])
-    save_checkpoint(_state(fit, partial, in_epoch), folder, fit.steps, keep=KEEP)
+    # Blocking: a fit promises each epoch trained once, so a rank killed just after this
+    # returns must find this checkpoint (an asynchronous one could still be in flight).
+    save_checkpoint(_state(fit, partial, in_epoch), folder, fit.steps, keep=KEEP, blocking=True)
 
 
 def _summed(partial: tuple[float, int], device: Any) -> tuple[float, int]:

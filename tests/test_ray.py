@@ -176,7 +176,8 @@ def test_restart_resumes_from_checkpoint(ray_address: str, tmp_path: Path) -> No
         max_restarts=1,
     )
     assert result.attempts == 2
-    assert (result.value["start"], result.value["restart"]) == (2, 1)  # resumed after epoch 1
+    # Resumed after epoch 1, or after epoch 0 when epoch 1's checkpoint was still in flight.
+    assert result.value["start"] in (1, 2) and result.value["restart"] == 1
 
 
 def test_reports_stop_and_tune_on_ray(ray_address: str) -> None:

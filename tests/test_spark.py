@@ -341,7 +341,8 @@ def test_kill_and_restart_on_spark(spark: object, tmp_path: Path) -> None:
     faulty = TorchDistributor(2, False, False, max_restarts=1).run(
         test_faults.resumable_train, str(tmp_path / "faulty"), 4, 0, 2
     )
-    assert (faulty["start"], faulty["restart"]) == (2, 1)
+    # Killed as epoch 2 begins: epoch 1's checkpoint may still have been in flight.
+    assert faulty["start"] in (1, 2) and faulty["restart"] == 1
     assert all(torch.equal(clean["params"][k], faulty["params"][k]) for k in clean["params"])
 
 

@@ -44,6 +44,24 @@ def test_blocking_publishes_before_it_returns_and_a_process_sees_its_own_saves(
     assert checkpoint.latest_step(tmp_path) == 4  # waits for this process's own write
 
 
+def test_a_crash_between_the_renames_of_a_step_saved_again_keeps_its_previous_version(
+    tmp_path: Path,
+) -> None:
+    checkpoint.save({"w": torch.ones(3)}, tmp_path, step=5, blocking=True)
+    # What a crash right after the first rename of a second save of step 5 leaves behind:
+    (tmp_path / "step-00000005").rename(tmp_path / ".step-00000005.old")
+    (tmp_path / ".step-00000005.tmp").mkdir()
+    (tmp_path / ".step-00000005.tmp" / "part-00000.bin").write_bytes(b"half")
+    found = checkpoint.load_latest(tmp_path)
+    assert found is not None and found.step == 5
+    assert torch.equal(found.state["w"], torch.ones(3))
+    checkpoint.save({"w": torch.zeros(3)}, tmp_path, step=6, keep=2, blocking=True)
+    assert checkpoint.latest_step(tmp_path) == 6
+    assert (tmp_path / ".step-00000005.old" / "COMPLETE").is_file()  # kept: step 5's only copy
+    checkpoint.save({"w": torch.full((3,), 7.0)}, tmp_path, step=7, keep=2, blocking=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000006", "step-00000007"]
+
+
 @pytest.mark.parametrize(
     ("url", "says"),
     [
@@ -109,6 +127,40 @@ def test_two_ranks_each_write_a_share_and_the_checkpoint_is_whole(tmp_path: Path
     parts = {p.name: p.stat().st_size for p in folder.glob("part-*.bin")}
     assert set(parts) == {"part-00000.bin", "part-00001.bin"}
     assert min(parts.values()) > 1_500_000  # each rank wrote one of the two large tensors
+
+
+def _same_tensors_in_another_order(folder: str) -> list[float]:
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from sparktrain.rank.checkpoints import coordinate
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=123))
+    a, b = torch.full((400_000,), 1.0), torch.full((400_000,), 2.0)
+    state = {"a": a, "b": b} if dist.get_rank() == 0 else {"b": b, "a": a}
+    checkpoint.save(state, folder, step=1, blocking=True)
+    found = checkpoint.load_latest(folder)
+    assert found is not None
+    groups = coordinate.groups()
+    assert groups is not None
+    waits = {coordinate.world_timeout(g).total_seconds() for g in (groups.agree, groups.write)}
+    assert waits == {123.0}, waits  # the run's timeout, not torch's 30 minutes
+    return [float(found.state["a"][0]), float(found.state["b"][0])]
+
+
+def test_equal_shapes_under_keys_in_another_order_are_not_mixed_up(tmp_path: Path) -> None:
+    """Two ranks whose tensors have the same shapes but sit under keys in another order are
+    not alike: rank 0's state is written whole, and each key loads its own tensor. The
+    checkpoint's own groups wait as long as the run's group does."""
+    run = launch(
+        _same_tensors_in_another_order,
+        (str(tmp_path),),
+        num_processes=2,
+        use_gpu=False,
+        return_all=True,
+    )
+    assert run.return_values == {0: [1.0, 2.0], 1: [1.0, 2.0]}
 
 
 def _one_rank_fails_its_write(folder: str) -> str:

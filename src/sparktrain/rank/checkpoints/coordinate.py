@@ -72,10 +72,27 @@ def groups() -> Groups | None:
 
     world = distributed_c10d._get_default_group()
     if not _CURRENT or _CURRENT[0].world is not world:
-        agree = tdist.new_group(backend="gloo")
-        write = tdist.new_group(backend="gloo")
+        timeout = world_timeout(world)  # the run's, not torch's 30-minute default
+        agree = tdist.new_group(backend="gloo", timeout=timeout)
+        write = tdist.new_group(backend="gloo", timeout=timeout)
         _CURRENT[:] = [Groups(world, agree, write, tdist.get_rank(), tdist.get_world_size())]
     return _CURRENT[0]
+
+
+def world_timeout(world: Any) -> Any:
+    """The default group's collective timeout (a ``timedelta``), or ``None``.
+
+    ``None`` (torch's 30-minute default) only where its backend does not say: the checkpoint's
+    groups wait as long as the run's, so a peer that hangs holds a writer no longer.
+    """
+    import torch
+
+    for device in ("cpu", "cuda"):
+        try:
+            return world._get_backend(torch.device(device)).options._timeout
+        except (AttributeError, RuntimeError, ValueError):
+            continue
+    return None
 
 
 def stale() -> bool:

@@ -90,7 +90,7 @@ def save(
         found,
         busy=WRITER.busy(),
         grow=coordinate.grow_marker(),
-        signature=staging.signature(flat.tensors) if flat is not None else 0,
+        signature=staging.signature(flat) if flat is not None else 0,
     )
     if agreed.busy and if_busy == "skip" and not agreed.grow:
         return None
@@ -242,7 +242,14 @@ def _write(
                 action()
             except Exception as exc:
                 error = exc
-        every = coordinate.all_ok(target.found, error is None)
+        try:
+            every = coordinate.all_ok(target.found, error is None)
+        except Exception as exc:  # a peer gone mid-exchange (gloo's own words kept)
+            raise CheckpointError(
+                f"checkpoint step {step} was not published: rank {rank} lost its peers after "
+                f"it tried to {what}: {type(exc).__name__}: {exc}; the previous checkpoint is "
+                "still the newest"
+            ) from exc
         if all(every):
             continue
         if rank == 0 and what != "publish it":

@@ -30,28 +30,34 @@ class Flat:
     Attributes:
         skeleton: The state with each tensor replaced by ``{LEAF: index}``.
         tensors: The tensors, in the order of their indexes.
+        paths: Where each tensor was in the state (its keys and list positions, joined by
+            ``/``), in the same order.
     """
 
     skeleton: Any
     tensors: list[Any]
+    paths: list[str]
 
 
-def _rebuild(value: Any, visit: Callable[[Any], tuple[bool, Any]]) -> Any:
+Visit = Callable[[Any, str], tuple[bool, Any]]
+
+
+def _rebuild(value: Any, visit: Visit, path: str = "") -> Any:
     """A copy of ``value``'s dicts, lists and tuples; ``visit`` replaces what it takes."""
-    taken, out = visit(value)
+    taken, out = visit(value, path)
     if taken:
         return out
     if isinstance(value, dict):
         made = type(value)() if type(value) is not dict else {}
         for key, item in value.items():
-            made[key] = _rebuild(item, visit)
+            made[key] = _rebuild(item, visit, f"{path}/{key!r}")
         if hasattr(value, "_metadata"):  # a module's state_dict: its versions, for loading
             made._metadata = value._metadata  # type: ignore[attr-defined]
         return made
     if isinstance(value, list):
-        return [_rebuild(item, visit) for item in value]
+        return [_rebuild(item, visit, f"{path}/{i}") for i, item in enumerate(value)]
     if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        items = [_rebuild(item, visit) for item in value]
+        items = [_rebuild(item, visit, f"{path}/{i}") for i, item in enumerate(value)]
         return tuple(items) if type(value) is tuple else type(value)(items)  # torch.Size
     return value
 
@@ -61,20 +67,22 @@ def flatten(state: Any) -> Flat:
     import torch
 
     tensors: list[Any] = []
+    paths: list[str] = []
 
-    def take(value: Any) -> tuple[bool, Any]:
+    def take(value: Any, path: str) -> tuple[bool, Any]:
         if not isinstance(value, torch.Tensor):
             return False, None
         tensors.append(value)
+        paths.append(path)
         return True, {LEAF: len(tensors) - 1}
 
-    return Flat(skeleton=_rebuild(state, take), tensors=tensors)
+    return Flat(skeleton=_rebuild(state, take), tensors=tensors, paths=paths)
 
 
 def unflatten(skeleton: Any, tensors: dict[int, Any]) -> Any:
     """Put ``tensors`` (by index) back where :func:`flatten` took them from."""
 
-    def put(value: Any) -> tuple[bool, Any]:
+    def put(value: Any, path: str) -> tuple[bool, Any]:
         if isinstance(value, dict) and len(value) == 1 and LEAF in value:
             return True, tensors[value[LEAF]]
         return False, None
@@ -87,9 +95,14 @@ def nbytes(tensor: Any) -> int:
     return int(tensor.numel()) * int(tensor.element_size())
 
 
-def signature(tensors: Sequence[Any]) -> int:
-    """A 62-bit digest of the tensors' shapes and dtypes: equal on ranks holding alike states."""
-    text = ";".join(f"{tuple(t.shape)}:{t.dtype}" for t in tensors)
+def signature(flat: Flat) -> int:
+    """A 62-bit digest of the tensors' places, shapes and dtypes.
+
+    It is equal on ranks holding alike states: the same tensors under the same keys, in the
+    same order (equal shapes under keys in another order are not alike).
+    """
+    pairs = zip(flat.paths, flat.tensors, strict=True)
+    text = ";".join(f"{p}={tuple(t.shape)}:{t.dtype}" for p, t in pairs)
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") >> 2
 
 

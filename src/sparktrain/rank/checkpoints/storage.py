@@ -143,7 +143,9 @@ class LocalStorage:
         (tmp / MANIFEST).write_text(json.dumps(body))
         _fsync_tree(tmp)
         if final.exists():  # the same step saved again (a resumed run): replace it whole
-            old = final.with_name(f".{final.name}.old")
+            # Between the two renames (a crash there) the old version is read from its
+            # ``.old`` folder: the step is never lost (see :meth:`readable`).
+            old = self._old(step)
             shutil.rmtree(old, ignore_errors=True)
             os.rename(final, old)
             os.rename(tmp, final)
@@ -156,32 +158,50 @@ class LocalStorage:
         """Remove what a failed write of ``step`` left."""
         shutil.rmtree(self.temp(step), ignore_errors=True)
 
+    def _old(self, step: int) -> Path:
+        """Where a step saved again keeps its previous version while the new one moves in."""
+        return self.root / f".{step_name(step)}.old"
+
+    def readable(self, step: int) -> Path:
+        """The complete folder of ``step``.
+
+        The published one, or else the previous version that a crash between the two renames
+        of a step saved again left in its ``.old`` folder.
+        """
+        final = self.location(step)
+        if not (final / MANIFEST).is_file() and (self._old(step) / MANIFEST).is_file():
+            return self._old(step)
+        return final
+
     def steps(self) -> list[int]:
         """The steps of the complete checkpoints, oldest first."""
         if not self.root.is_dir():
             return []
-        found = []
+        found = set()
         for path in self.root.iterdir():
-            match = NAME.match(path.name)
+            name = path.name
+            if name.startswith(".") and name.endswith(".old"):
+                name = name[1:-4]  # the previous version of a step saved again
+            match = NAME.match(name)
             if match and (path / MANIFEST).is_file():
-                found.append(int(match.group(1)))
+                found.add(int(match.group(1)))
         return sorted(found)
 
     def manifest(self, step: int) -> dict[str, Any]:
         """The manifest of a published checkpoint (``{}`` when unreadable)."""
         try:
-            found = json.loads((self.location(step) / MANIFEST).read_text())
+            found = json.loads((self.readable(step) / MANIFEST).read_text())
         except (OSError, ValueError):
             return {}
         return found if isinstance(found, dict) else {}
 
     def open(self, step: int, name: str) -> IO[bytes]:
         """Open a file of a published checkpoint."""
-        return open(self.location(step) / name, "rb")
+        return open(self.readable(step) / name, "rb")
 
     def dcp_reader(self, step: int) -> dict[str, Any]:
         """DCP reads the published folder."""
-        return {"checkpoint_id": str(self.location(step))}
+        return {"checkpoint_id": str(self.readable(step))}
 
     def prune(self, keep: int) -> None:
         """Keep the newest ``keep`` checkpoints; remove what crashed writes left.
@@ -190,13 +210,17 @@ class LocalStorage:
         save's :meth:`prepare` removes those of crashed writes).
         """
         steps = self.steps()
-        for old in steps[:-keep] if keep > 0 else []:
+        pruned = steps[:-keep] if keep > 0 else []
+        for old in pruned:
             gone = self.root / f".{step_name(old)}.pruned"  # hidden at once, then removed
             with contextlib.suppress(OSError):
                 os.rename(self.location(old), gone)
             shutil.rmtree(gone, ignore_errors=True)
+        only = {
+            self._old(s) for s in steps if s not in pruned and self.readable(s) != self.location(s)
+        }
         for stale in self.root.glob(".step-*"):  # pruned or replaced folders (not .tmp ones)
-            if not stale.name.endswith(".tmp"):
+            if not stale.name.endswith(".tmp") and stale not in only:
                 shutil.rmtree(stale, ignore_errors=True)
 
 

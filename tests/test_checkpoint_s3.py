@@ -139,3 +139,13 @@ def test_a_writer_killed_mid_write_on_s3_leaves_a_whole_checkpoint(s3: dict) -> 
     assert done.returncode == 0, done.stderr[-3000:]
     seen = eval(done.stdout.strip().splitlines()[-1])
     assert seen["none"] + seen["published"] == 15 and seen["published"] > 0
+
+
+def test_doctor_writes_reads_and_removes_a_probe_on_s3(s3: dict) -> None:
+    from sparktrain.doctor.storage import here_check
+
+    good = here_check("s3://ckpt/doctor", s3)
+    assert good.verdict == "ok", good.found
+    assert _objects(s3, "doctor") == []  # the probe is removed
+    bad = here_check("s3://no-such-bucket/run", s3)
+    assert bad.verdict == "error" and "cannot write checkpoints to s3://no-such-bucket" in bad.found

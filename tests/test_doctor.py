@@ -17,6 +17,7 @@ from conftest import FAST_JVM
 from sparktrain.doctor import run_checks
 from sparktrain.doctor.probe import network_verdict, probe_verdict
 from sparktrain.doctor.spark_checks import gpu_settings_check
+from sparktrain.doctor.storage import nodes_verdict
 from sparktrain.doctor.system import shm_check
 
 
@@ -206,8 +207,8 @@ def test_import_is_cheap() -> None:
     assert out.stdout.strip() == "[]"
 
 
-def test_probe_runs_a_real_barrier_stage(spark: Any) -> None:
-    report = run_checks(spark, processes=2, probe=True)
+def test_probe_runs_a_real_barrier_stage(spark: Any, tmp_path: Path) -> None:
+    report = run_checks(spark, processes=2, probe=True, checkpoint_dir=tmp_path / "ckpt")
     probe = report.get("spark.probe")
     assert probe.verdict == "ok", probe.found
     rows = probe.facts["rows"]
@@ -217,6 +218,10 @@ def test_probe_runs_a_real_barrier_stage(spark: Any) -> None:
     network = report.get("spark.network")  # local-cluster: every task on this host
     assert network.verdict == "ok" and network.facts["addresses"] == ["127.0.0.1"], network.found
     assert network.facts["interfaces"] == {"127.0.0.1": "lo"}
+    written = report.get("checkpoint.nodes")  # each task wrote, read and removed its probe
+    assert written.verdict == "ok" and "every task (2)" in written.found, written.found
+    assert report.get("checkpoint.here").verdict == "ok"
+    assert list((tmp_path / "ckpt").iterdir()) == []
     skipped = run_checks(spark, processes=8, probe=True).get("spark.probe")
     assert skipped.verdict == "info" and "not run" in skipped.found
 
@@ -232,6 +237,23 @@ def test_network_verdict_names_a_host_name_on_loopback_across_hosts() -> None:
     assert network_verdict(routed).verdict == "ok"
     natted = network_verdict([routed[0], {**routed[1], "interface": ""}])
     assert natted.verdict == "warning" and "GLOO_SOCKET_IFNAME" in natted.fix
+
+
+def test_a_checkpoint_directory_no_process_can_write_is_an_error_naming_it(
+    tmp_path: Path,
+) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    done = _doctor("--cpu", "--checkpoint-dir", str(blocked / "ckpt"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    line = _line(done.stdout, "checkpoint.here")
+    assert f"cannot write checkpoints to {blocked / 'ckpt'}" in line and "NotADirectory" in line
+    report = run_checks(checkpoint_dir=tmp_path / "ok", use_active_session=False)
+    assert report.get("checkpoint.here").verdict == "ok"
+    assert list((tmp_path / "ok").iterdir()) == []  # the probe and its folder are removed
+    rows = [{"host": "a", "checkpoint": ""}, {"host": "b", "checkpoint": "PermissionError: x"}]
+    nodes = nodes_verdict("/mnt/ckpt", rows)
+    assert nodes.verdict == "error" and "1 of 2 task(s)" in nodes.found and "on b" in nodes.found
 
 
 def test_probe_verdict_names_the_missing_package() -> None:

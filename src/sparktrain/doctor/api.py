@@ -11,6 +11,7 @@ Design choices:
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -29,6 +30,7 @@ def run_checks(
     spark_conf: Mapping[str, str] | None = None,
     use_active_session: bool = True,
     probe: bool = False,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
 ) -> DoctorReport:
     """Check this machine, and a Spark session when there is one, for what a launch needs.
 
@@ -47,6 +49,9 @@ def run_checks(
         probe: With a session, also run a real barrier stage of the launch's tasks (1 task
             without ``processes``) when the slots allow it, to see that the tasks start together
             and that the executors' Python has sparktrain and torch.
+        checkpoint_dir: The run's checkpoint directory (a path, or an ``s3://``, ``gs://``,
+            ``abfs://`` URL): check that this machine can write it, and with ``probe`` that
+            every task of the probe's stage can.
 
     Returns:
         The report; ``report.exit_code`` is 1 when an error blocks a launch.
@@ -77,6 +82,11 @@ def run_checks(
             needed=spark is None and bool(spark_master) and not _is_remote(spark_master)
         ),
     ]
+    where = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
+    if where is not None:
+        from sparktrain.doctor.storage import here_check
+
+        found.append(here_check(where))
     session, started = spark, False
     if session is None and spark_master:
         session, failure = _start_session(spark_master, spark_conf or {})
@@ -91,7 +101,7 @@ def run_checks(
         return DoctorReport(tuple(found))
     try:
         wait = started and _waits(session)
-        found += _spark(session, processes, use_gpu=use_gpu, wait=wait, probe=probe)
+        found += _spark(session, processes, use_gpu=use_gpu, wait=wait, probe=probe, where=where)
     finally:
         if started:
             session.stop()
@@ -99,7 +109,13 @@ def run_checks(
 
 
 def _spark(
-    session: Any, processes: int | None, *, use_gpu: bool | None, wait: bool, probe: bool
+    session: Any,
+    processes: int | None,
+    *,
+    use_gpu: bool | None,
+    wait: bool,
+    probe: bool,
+    where: str | None,
 ) -> list[Check]:
     found = [
         spark_checks.session_check(session),
@@ -120,7 +136,7 @@ def _spark(
             )
         else:
             tasks = int(found[-1].facts.get("tasks", 1)) if processes else 1
-            found += probe_check(session, tasks)
+            found += probe_check(session, tasks, checkpoint_dir=where)
     return found
 
 

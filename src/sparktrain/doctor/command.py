@@ -64,6 +64,13 @@ def add_doctor_parser(commands: argparse._SubParsersAction[argparse.ArgumentPars
         "ones a run loads at start, e.g. deepspeed_shm_comm on a CPU; or name them: cpu_adam "
         "fused_adam), removing build locks that no process holds; exit code 1 if one fails",
     )
+    doctor.add_argument(
+        "--checkpoint-dir",
+        default=None,
+        metavar="DIR",
+        help="the run's checkpoint directory (a path or an s3://, gs://, abfs:// URL): check "
+        "that this machine can write it, and with --probe every Spark task too",
+    )
     doctor.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
@@ -94,6 +101,7 @@ def run_doctor(options: argparse.Namespace) -> int:
             spark_master=options.spark_master,
             spark_conf=_conf(options.spark_conf),
             probe=options.probe,
+            checkpoint_dir=options.checkpoint_dir,
         )
     except ConfigError as exc:
         print(f"sparktrain: error: {exc}", file=sys.stderr)

@@ -28,7 +28,7 @@ from sparktrain.doctor.verdicts import Check, Finding
 
 SCHEMA = (
     "host string, python string, executable string, sparktrain string, torch string, "
-    "address string, resolved string, interface string"
+    "address string, resolved string, interface string, checkpoint string"
 )
 PYTHON_FIX = (
     "point the executors at a Python with sparktrain and torch: PYSPARK_PYTHON (or "
@@ -37,7 +37,7 @@ PYTHON_FIX = (
 )
 
 
-def _task_function() -> Any:
+def _task_function(checkpoint_dir: str | None = None) -> Any:
     columns = [part.split()[0] for part in SCHEMA.split(",")]
 
     def task(batches: Iterator[Any]) -> Iterator[Any]:
@@ -64,6 +64,7 @@ def _task_function() -> Any:
             "host": socket.gethostname(),
             "python": ".".join(map(str, sys.version_info[:3])),
             "executable": sys.executable,
+            "checkpoint": "",
         }
         try:
             import sparktrain
@@ -72,6 +73,10 @@ def _task_function() -> Any:
             from sparktrain.node.interfaces import interface_of
 
             row["interface"] = interface_of(address) or ""
+            if checkpoint_dir is not None:
+                from sparktrain.doctor.storage import write_probe
+
+                row["checkpoint"] = write_probe(checkpoint_dir)
         except Exception as exc:  # any failure to import is the finding
             row["sparktrain"] = f"error: {type(exc).__name__}: {exc}"
         if importlib.util.find_spec("torch") is None:
@@ -179,8 +184,13 @@ def _network_finding(
     )
 
 
-def probe_check(session: Any, tasks: int, *, timeout: float = 120.0) -> list[Check]:
-    """Run a barrier stage of ``tasks`` tasks on ``session`` and judge what they report."""
+def probe_check(
+    session: Any, tasks: int, *, timeout: float = 120.0, checkpoint_dir: str | None = None
+) -> list[Check]:
+    """Run a barrier stage of ``tasks`` tasks on ``session`` and judge what they report.
+
+    With ``checkpoint_dir``, each task also writes, reads back and removes a file there.
+    """
     from sparktrain.backends.spark.job import summarise_job_error
 
     tag = f"sparktrain-doctor-{uuid.uuid4().hex[:8]}"
@@ -191,7 +201,8 @@ def probe_check(session: Any, tasks: int, *, timeout: float = 120.0) -> list[Che
             with contextlib.suppress(Exception):
                 session.addTag(tag)
             frame = session.range(0, tasks, 1, tasks)
-            box["rows"] = frame.mapInArrow(_task_function(), SCHEMA, barrier=True).collect()
+            task = _task_function(checkpoint_dir)
+            box["rows"] = frame.mapInArrow(task, SCHEMA, barrier=True).collect()
         except Exception as exc:  # the finding, summarised below
             box["error"] = exc
         finally:
@@ -226,4 +237,9 @@ def probe_check(session: Any, tasks: int, *, timeout: float = 120.0) -> list[Che
             )
         ]
     rows = [row.asDict() for row in box["rows"]]
-    return [probe_verdict(rows), network_verdict(rows)]
+    found = [probe_verdict(rows), network_verdict(rows)]
+    if checkpoint_dir is not None and found[0].verdict != "error":
+        from sparktrain.doctor.storage import nodes_verdict
+
+        found.append(nodes_verdict(checkpoint_dir, rows))
+    return found

@@ -82,6 +82,40 @@ def _leaked(pid: int) -> bool:
     return not any(name in _cmdline(pid) for name in _LONG_LIVED)
 
 
+#: Tests in these files share a Ray cluster or start one (two at once would fight for the cores
+#: and Ray's memory): one pytest-xdist worker runs them all, one after the other.
+_RAY_FILES = {
+    "test_ray.py", "test_ray_job_server.py", "test_ray_lifecycle.py", "test_elastic_ray.py",
+    "test_inplace_ray.py", "test_multihost.py",
+}  # fmt: skip
+_RAY_NOTEBOOKS = ("09_", "14_", "16_")
+
+
+def _worker_group(item: pytest.Item) -> str | None:
+    """The worker group of a test: ``spark`` for those of the one Spark session (and the Spark
+    Connect server), ``ray`` for Ray's; ``None`` runs in any worker."""
+    names = getattr(item, "fixturenames", ())
+    if "spark" in names or "connect_server" in names:
+        return "spark"
+    path = Path(str(item.fspath))
+    if path.name in _RAY_FILES:
+        return "ray"
+    if path.name == "test_notebooks.py" and any(f"[{n}" in item.name for n in _RAY_NOTEBOOKS):
+        return "ray"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``-n 2 --dist loadgroup``, the default of this project), keep one
+    Spark session and one Ray cluster per run: the tests that need them go to one worker."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        group = _worker_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(autouse=True)
 def no_leaked_ranks() -> Iterator[None]:
     """Fail a test that leaves a rank, or any unexpected process, alive."""

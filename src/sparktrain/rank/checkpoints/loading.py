@@ -109,7 +109,7 @@ def load_latest(
     elif isinstance(storage, LocalStorage):  # written before saves were asynchronous
         import torch
 
-        legacy = storage.location(step) / _LEGACY
+        legacy = storage.readable(step) / _LEGACY
         state = torch.load(legacy, map_location=map_location, weights_only=weights_only)
     else:
         raise ValueError(f"checkpoint {path} has a manifest of no known format: {manifest}")

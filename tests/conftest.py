@@ -106,8 +106,8 @@ def _worker_group(item: pytest.Item) -> str | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``pytest -n 2 --dist loadgroup``), keep one Spark session and one Ray
-    cluster per run: the tests that need them go to one worker."""
+    """Under pytest-xdist (``-n 2 --dist loadgroup``, the default of this project), keep one
+    Spark session and one Ray cluster per run: the tests that need them go to one worker."""
     if not config.pluginmanager.hasplugin("xdist"):
         return
     for item in items:

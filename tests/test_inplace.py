@@ -63,6 +63,14 @@ def _rank(  # noqa: PLR0917 - called with one tuple of arguments from a subproce
     def lagging() -> None:
         reduce()
         if run.steps + 1 == lag_at:
+            # The peers must see the failure after they committed this step, not while their
+            # part of its all-reduce is still ending (they would drop it too): wait for them.
+            peers = [out.replace(f"rank{me}.json", f"rank{r}.json") for r in (0, 1, 2) if r != me]
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and any(
+                len(_lines_of(Path(p + ".ids"))) < lag_at for p in peers
+            ):
+                time.sleep(0.01)
             raise RuntimeError("a peer failed (made up by the test)")
 
     run._reduce = lagging  # type: ignore[method-assign]
@@ -265,8 +273,12 @@ def _lines(path: Path) -> list[str]:
     return path.read_text().split() if path.exists() else []
 
 
-def _in_place_train(data_dir: str, log_dir: str, step_seconds: float) -> dict:
-    """One epoch in place: no checkpoint anywhere; each committed step's ids logged."""
+def _in_place_train(data_dir: str, log_dir: str, step_seconds: float, starts: int = 0) -> dict:
+    """One epoch in place: no checkpoint anywhere; each committed step's ids logged.
+
+    With ``starts``, a rank left alone does not step on until ``starts`` processes have started
+    this function (so that a joiner still starting up finds the epoch not yet over).
+    """
     import time
 
     import torch
@@ -281,6 +293,7 @@ def _in_place_train(data_dir: str, log_dir: str, step_seconds: float) -> dict:
     def make_data(rank: int, world: int) -> object:
         return from_parquet(data_dir, batch_size=BATCH, shuffle=False, rank=rank, world_size=world)
 
+    Path(log_dir, f"started-{os.getpid()}").touch()
     run = sparktrain.elastic.in_place(model, optimizer, make_data)
     me = run.me
     with open(Path(log_dir, f"rank{me}.txt"), "a") as out:
@@ -293,6 +306,13 @@ def _in_place_train(data_dir: str, log_dir: str, step_seconds: float) -> dict:
                 out.flush()
             sparktrain.report(step=run.steps, world=run.world_size, pid=os.getpid())
             time.sleep(step_seconds)
+            deadline = time.monotonic() + 60
+            while (
+                run.world_size == 1
+                and time.monotonic() < deadline
+                and (len(list(Path(log_dir).glob("started-*"))) < starts)
+            ):
+                time.sleep(0.05)
     state = {"steps": run.steps, "dropped": run.dropped, "world": run.world_size,
              "weights": [float(v) for v in model.weight.detach().reshape(-1)],
              "bias": [float(v) for v in model.bias.detach().reshape(-1)]}  # fmt: skip
@@ -300,15 +320,20 @@ def _in_place_train(data_dir: str, log_dir: str, step_seconds: float) -> dict:
     return state
 
 
-def _launch_in_place(
-    tmp_path: Path, ranks: int, step_seconds: float, on_report: object, backend: object = "local"
+def _launch_in_place(  # noqa: PLR0917 - the tests' one way to launch
+    tmp_path: Path,
+    ranks: int,
+    step_seconds: float,
+    on_report: object,
+    backend: object = "local",
+    starts: int = 0,
 ) -> Any:
     """``_in_place_train`` on ``tmp_path``'s data, elastic down to 1 rank, in place."""
     from sparktrain import launch
 
     return launch(
         _in_place_train,
-        (str(tmp_path / "data"), str(tmp_path / "logs"), step_seconds),
+        (str(tmp_path / "data"), str(tmp_path / "logs"), step_seconds, starts),
         num_processes=ranks,
         backend=backend,  # type: ignore[arg-type]
         min_processes=1,
@@ -439,7 +464,8 @@ def test_a_node_that_returns_joins_and_heals_from_a_live_peer(tmp_path: Path) ->
             cluster.kill_node(1)
             cluster.add_node()  # the capacity returns at once: the driver sees it within 2 s
 
-    result = _launch_in_place(tmp_path, 2, 0.5, on_report, backend=cluster)
+    # The survivor alone waits for the joiner's process to start (3 starts), however loaded.
+    result = _launch_in_place(tmp_path, 2, 0.5, on_report, backend=cluster, starts=3)
     assert killed and result.attempts == 1 and result.world_size == 2
     causes = [(r.cause, r.old_world_size, r.new_world_size, r.in_place) for r in result.rescales]
     assert causes == [("lost", 2, 1, True), ("grew", 1, 2, True)]

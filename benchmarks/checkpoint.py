@@ -21,11 +21,13 @@ For each, over the two ranks (the slower rank's figure, as the loop waits for it
 
 * stall: from the call to its return, the time the training loop is blocked;
 * durable: from the call until the checkpoint is on disk (fsynced) and, for sparktrain,
-  published;
+  published and kept in the node's memory (``checkpoint.wait()`` returned);
 * peak extra memory: the rank's peak resident memory during the way's first save (``VmHWM``,
   reset before; each way's first save alone, a second after the previous way's, before the
   timed rounds) minus its resident memory just before it; for sparktrain that first save
-  allocates the host buffers it keeps; for the bare copy, its buffers.
+  allocates the host buffers it keeps; for the bare copy, its buffers. sparktrain also keeps
+  the newest checkpoint's files in the node's memory (``/dev/shm``, for restarts): printed
+  apart.
 
 The medians of the timed rounds are printed; sparktrain's first save (which allocates its
 buffers) is printed on its own line. Then the goals: sparktrain's stall against the bare copy
@@ -174,6 +176,10 @@ def rank_body(folder: str, layers: int, width: int, repeat: int) -> dict[str, An
             stall, done = timed(name, step)
             out[name]["stall"].append(stall)
             out[name]["durable"].append(done)
+    from sparktrain.rank.checkpoints import memory
+
+    dist.barrier()
+    out["kept"] = memory.kept_bytes()  # the node's memory copy (both ranks share one node)
     return out
 
 
@@ -249,6 +255,11 @@ def main() -> None:
         print(f"  {label:<26} {value:6.2f}x  (goal <= {goal}x: {verdict})")
     print(f"  peak extra memory          {ours['peak']:.2f} GB  (one copy of a rank's share: "
           f"{state_gb / 2:.2f} GB; of its state: {state_gb:.2f} GB)")  # fmt: skip
+    kept = values[0]["kept"] / 1e9
+    print(
+        f"  node memory (for restarts) {kept:.2f} GB  (the newest checkpoint's files, both "
+        "ranks': in /dev/shm, not in a rank's resident memory)"
+    )
     report_leftovers()
 
 

@@ -73,6 +73,8 @@ def test_restart_resumes_bit_for_bit(tmp_path: Path, capfd: pytest.CaptureFixtur
     assert _same(clean["params"], faulty["params"])  # bit for bit
     err = capfd.readouterr().err
     assert "rank 1 on" in err and "killed by SIGKILL" in err and "attempt 2 of 2" in err
+    # The restart read the checkpoint from the node's memory, not the folder.
+    assert f"checkpoint step {faulty['start'] - 1} loaded from memory: skeleton.pt" in err
     assert checkpoint.latest_step(tmp_path / "faulty") == 5
     assert len(list((tmp_path / "faulty").iterdir())) == 3  # keep=3
 

@@ -330,7 +330,9 @@ def test_timeout_on_spark_names_running_rank(spark: object) -> None:
     assert info.value.running == (1,)
 
 
-def test_kill_and_restart_on_spark(spark: object, tmp_path: Path) -> None:
+def test_kill_and_restart_on_spark(
+    spark: object, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     import test_faults
 
     cloudpickle.register_pickle_by_value(test_faults)
@@ -344,6 +346,9 @@ def test_kill_and_restart_on_spark(spark: object, tmp_path: Path) -> None:
     # Killed as epoch 2 begins: epoch 1's checkpoint may still have been in flight.
     assert faulty["start"] in (1, 2) and faulty["restart"] == 1
     assert all(torch.equal(clean["params"][k], faulty["params"][k]) for k in clean["params"])
+    # A barrier task ends with its attempt: nothing kept in memory, storage read, and said.
+    err = capfd.readouterr().err
+    assert "from storage: skeleton.pt" in err and "keep no checkpoint in memory across" in err
 
 
 SPARK_CALLER = """

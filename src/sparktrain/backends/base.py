@@ -234,5 +234,12 @@ class Backend(ABC):
         """
         return plan.world_size
 
+    def end_run(self) -> None:  # noqa: B027 - optional: most keep nothing across attempts
+        """Release what the backend kept for one run across its attempts.
+
+        That is its nodes' checkpoint memory. ``launch`` calls it once at the end of every run,
+        whoever made the backend.
+        """
+
     def close(self) -> None:  # noqa: B027 - optional: most backends hold nothing of their own
         """Release what the backend itself started (a local Ray); ``launch`` calls it at its end."""

@@ -40,6 +40,7 @@ CONTRACT_VARS = (
     "ACCELERATE_USE_CPU",
     "SPARKTRAIN_TARGET_WORLD_SIZE",
     "SPARKTRAIN_GROW_FILE",
+    "SPARKTRAIN_CHECKPOINT_MEMORY",
 )
 
 
@@ -65,6 +66,7 @@ class RankEnv:
             elastic).
         grow_file: In an elastic run, the file whose presence asks the ranks to stop at their
             next checkpoint so that the run grows back.
+        memory: The node's checkpoint memory folder, or ``None`` where the node has none.
     """
 
     rank: int
@@ -82,6 +84,7 @@ class RankEnv:
     max_restarts: int = 0
     target_world_size: int | None = None
     grow_file: str | None = None
+    memory: str | None = None
 
     def variables(self) -> dict[str, str]:
         """The variables to set in the rank, as strings."""
@@ -108,6 +111,8 @@ class RankEnv:
             out["SPARKTRAIN_TARGET_WORLD_SIZE"] = str(self.target_world_size)
         if self.grow_file is not None:
             out["SPARKTRAIN_GROW_FILE"] = self.grow_file
+        if self.memory is not None:
+            out[CHECKPOINT_MEMORY] = self.memory
         if self.visible_devices is not None:
             out["CUDA_VISIBLE_DEVICES"] = ",".join(self.visible_devices)
         else:
@@ -155,6 +160,15 @@ def target_world_size() -> int | None:
 def grow_file() -> str | None:
     """Inside a rank of an elastic run: the file that asks for a stop to grow back, or ``None``."""
     return os.environ.get("SPARKTRAIN_GROW_FILE") or None
+
+
+#: The node's checkpoint memory: a folder in host memory that outlives the node's attempts.
+CHECKPOINT_MEMORY = "SPARKTRAIN_CHECKPOINT_MEMORY"
+
+
+def checkpoint_memory() -> str | None:
+    """Inside a rank: its node's checkpoint memory folder, or ``None`` where the node has none."""
+    return os.environ.get(CHECKPOINT_MEMORY) or None
 
 
 #: In place: the store the driver hosts for the ranks' generations (``host:port``).

@@ -84,6 +84,9 @@ class Place:
             host's, as when every node runs on this machine.
         joining: This node joins a running in-place group (its ranks ask in and heal from a
             live peer) instead of starting with the others.
+        memory: A folder in this node's host memory that outlives the run's attempts, where
+            its ranks keep the newest checkpoint's parts (recovery from memory); empty where
+            the node has none (its processes end with the attempt).
     """
 
     node: int
@@ -92,6 +95,7 @@ class Place:
     gpus: tuple[str, ...] = ()
     address: str = ""
     joining: bool = False
+    memory: str = ""
 
 
 def node_spec(

@@ -106,7 +106,10 @@ class PreparedLaunch:
         try:
             result = self._tracked(entry, data_uri, monitor)
         finally:
-            monitor.close()
+            try:
+                self.backend.end_run()
+            finally:
+                monitor.close()
         if monitor.error is not None:
             raise monitor.error
         return result

@@ -93,6 +93,7 @@ def rank_requests(
             max_restarts=spec.options.recovery.max_restarts,
             target_world_size=spec.target_world_size,
             grow_file=str(grow_path(run_dir)) if spec.target_world_size is not None else None,
+            memory=place.memory or None,
         )
         requests.append(
             RankRequest(

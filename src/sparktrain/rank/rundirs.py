@@ -53,9 +53,12 @@ def sweep(root: str | None = None) -> list[str]:
     return removed
 
 
-def make(kind: str) -> str:
-    """A new private directory (mode 0700) for ``kind`` (``run``, ``task``, ...), after a sweep."""
-    sweep()
+def make(kind: str, root: str | None = None) -> str:
+    """A new private directory (mode 0700) for ``kind`` (``run``, ``task``, ...), after a sweep.
+
+    It is made in ``root`` (the temporary folder by default), whose dead owners' are swept.
+    """
+    sweep(root)
     pid = os.getpid()
     start = procfs.start_ticks(pid) or 0
-    return tempfile.mkdtemp(prefix=f"sparktrain-{kind}-{pid}-{start}-")
+    return tempfile.mkdtemp(prefix=f"sparktrain-{kind}-{pid}-{start}-", dir=root)

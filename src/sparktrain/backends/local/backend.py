@@ -20,6 +20,7 @@ from sparktrain.backends.local.topology import local_topology
 from sparktrain.contract.spec import Place
 from sparktrain.launchplan.layout import LaunchPlan, make_plan
 from sparktrain.launchplan.topology import Topology
+from sparktrain.node import memory as node_memory
 from sparktrain.node.logs import LogSink
 from sparktrain.node.runner import NodeRun, bind_rendezvous, prepare_run_dir
 
@@ -37,6 +38,7 @@ class LocalBackend(Backend):
     def __init__(self, *, topology: Topology | None = None) -> None:
         """Use ``topology`` (tests pass their own), or detect this machine's when planning."""
         self.topology = topology
+        self._memory = ""  # the node's checkpoint memory, kept across a run's attempts
 
     @classmethod
     def open(cls, wanted: Wanted) -> Backend:
@@ -58,14 +60,24 @@ class LocalBackend(Backend):
 
     def start(self, attempt: Attempt) -> Nodes:
         """Prepare the node and ask for its ranks."""
-        return LocalNodes(attempt)
+        if not self._memory:
+            self._memory = node_memory.make()
+        return LocalNodes(attempt, self._memory)
+
+    def end_run(self) -> None:
+        """Remove the node's checkpoint memory."""
+        node_memory.remove(self._memory)
+        self._memory = ""
 
 
 class LocalNodes(Nodes):
     """The one node of a local attempt."""
 
-    def __init__(self, attempt: Attempt) -> None:
-        """Start the node's ranks; everything prepared so far is released if that fails."""
+    def __init__(self, attempt: Attempt, memory: str = "") -> None:
+        """Start the node's ranks; everything prepared so far is released if that fails.
+
+        ``memory`` is the node's checkpoint memory folder (empty: none).
+        """
         self._cleanup = contextlib.ExitStack()
         try:
             spec = attempt.spec()
@@ -75,7 +87,8 @@ class LocalNodes(Nodes):
             self._cleanup.callback(listener.close)
             plan = attempt.plan
             gpus = plan.gpus if plan.device == "cuda" else ()
-            place = Place(0, socket.gethostname(), listener.getsockname()[:2], gpus)
+            master = listener.getsockname()[:2]
+            place = Place(0, socket.gethostname(), master, gpus, memory=memory)
             self.node = NodeRun(
                 spec, place, run_dir=run_dir, listener=listener,
                 sink=LogSink(spec.options.output.log_ranks, monitor=attempt.monitor),

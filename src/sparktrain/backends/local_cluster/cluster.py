@@ -35,6 +35,7 @@ from sparktrain.ground import procfs
 from sparktrain.ground.errors import ClusterConfigError, ConfigError
 from sparktrain.launchplan.layout import LaunchPlan, check_count, check_use_gpu
 from sparktrain.launchplan.topology import detect_local
+from sparktrain.node import memory
 from sparktrain.node.runner import bind_rendezvous
 
 LOOPBACK = "127.0.0.1"
@@ -56,6 +57,7 @@ class LocalCluster(Backend):
         self._up = [True] * nodes
         self._lock = threading.Lock()
         self._running: dict[int, subprocess.Popen[bytes]] = {}
+        self._memory: dict[int, str] = {}  # each node's checkpoint memory, for the run
 
     # -- the cluster ----------------------------------------------------------------------------
     @property
@@ -71,6 +73,7 @@ class LocalCluster(Backend):
             The PID of the node process killed, or ``None`` when none ran there.
         """
         process = self._process(node, down=True)
+        self._forget_memory(node)  # a lost machine's memory is lost with it
         if process is None:
             return None
         with contextlib.suppress(ProcessLookupError):
@@ -111,6 +114,27 @@ class LocalCluster(Backend):
         with self._lock:
             if 0 <= node < len(self._up):
                 self._up[node] = False
+        self._forget_memory(node)
+
+    def memory_of(self, node: int) -> str:
+        """Node ``node``'s checkpoint memory folder for the run (made on first use)."""
+        with self._lock:
+            folder = self._memory.get(node)
+            if folder is None:
+                folder = self._memory[node] = memory.make()
+            return folder
+
+    def _forget_memory(self, node: int) -> None:
+        with self._lock:
+            folder = self._memory.pop(node, None)
+        memory.remove(folder)
+
+    def end_run(self) -> None:
+        """Remove every node's checkpoint memory: the run is over."""
+        with self._lock:
+            folders, self._memory = list(self._memory.values()), {}
+        for folder in folders:
+            memory.remove(folder)
 
     def add_node(self) -> int:
         """Bring a node (back) up: the first one down, else a new one; its index."""
@@ -213,7 +237,9 @@ class LocalClusterNodes(RemoteNodes):
         *,
         joining: bool = False,
     ) -> None:
-        place = Place(node, f"node{slot}", master, (), joining=joining)
+        place = Place(
+            node, f"node{slot}", master, (), joining=joining, memory=self.cluster.memory_of(slot)
+        )
         job = os.path.join(self.folder, f"node-{node}.job")
         with open(job, "wb") as handle:
             cloudpickle.dump((self.spec, place), handle)

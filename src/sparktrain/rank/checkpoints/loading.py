@@ -11,13 +11,13 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sparktrain.contract import env
 from sparktrain.rank import reporting
-from sparktrain.rank.checkpoints import coordinate, parts, staging
+from sparktrain.rank.checkpoints import coordinate, memory, parts, staging
 from sparktrain.rank.checkpoints.storage import LocalStorage, Storage, storage_for
 from sparktrain.rank.checkpoints.writer import WRITER
 
@@ -34,12 +34,15 @@ class Checkpoint:
         path: Its folder (its URL on an object store).
         world_size: The number of ranks that saved it (``None`` for checkpoints written before
             sparktrain recorded it).
+        read: The bytes of its files this rank read, by where they came from: ``"memory"``
+            (its node's, after a restart) or ``"storage"``.
     """
 
     step: int
     state: Any
     path: Path | str
     world_size: int | None = None
+    read: dict[str, int] = field(default_factory=dict)
 
 
 def latest_step(
@@ -104,19 +107,21 @@ def load_latest(
 
         dcp.load(into, **storage.dcp_reader(step))  # type: ignore[attr-defined]
         state = into
+        read: dict[str, int] = {}
     elif manifest.get("format") == "parts":
-        state = _load_parts(storage, step, map_location, weights_only)
+        state, read = _load_parts(storage, step, manifest, map_location, weights_only)
     elif isinstance(storage, LocalStorage):  # written before saves were asynchronous
         import torch
 
         legacy = storage.readable(step) / _LEGACY
         state = torch.load(legacy, map_location=map_location, weights_only=weights_only)
+        read = {"storage": legacy.stat().st_size}
     else:
         raise ValueError(f"checkpoint {path} has a manifest of no known format: {manifest}")
     saved_by = manifest.get("world_size")
     saved_by = saved_by if isinstance(saved_by, int) else None
     _resumed(step, saved_by, on_rescale)
-    return Checkpoint(step=step, state=state, path=path, world_size=saved_by)
+    return Checkpoint(step=step, state=state, path=path, world_size=saved_by, read=read)
 
 
 def _check_map_location(map_location: Any) -> None:
@@ -129,16 +134,41 @@ def _check_map_location(map_location: Any) -> None:
         )
 
 
-def _load_parts(storage: Storage, step: int, map_location: Any, weights_only: bool) -> Any:
+def _load_parts(
+    storage: Storage, step: int, manifest: dict[str, Any], map_location: Any, weights_only: bool
+) -> tuple[Any, dict[str, int]]:
+    """The state, and the bytes read from memory and from storage."""
     import torch
 
     path = storage.location(step)
-    with storage.open(step, "skeleton.pt") as handle:
+    token = manifest.get("token")
+    sources: dict[str, tuple[str, int]] = {}
+
+    def kept(name: str) -> Path | None:
+        return memory.held(storage, step, token if isinstance(token, str) else None, name)
+
+    def opened(name: str) -> Any:
+        handle = storage.open(step, name)
+        size = handle.seek(0, os.SEEK_END)
+        handle.seek(0)
+        sources[name] = ("storage", size)
+        return handle
+
+    skeleton = kept("skeleton.pt")
+    if skeleton is not None:
+        sources["skeleton.pt"] = ("memory", skeleton.stat().st_size)
+    with open(skeleton, "rb") if skeleton is not None else opened("skeleton.pt") as handle:
         head = torch.load(handle, map_location=map_location, weights_only=weights_only)
     tensors: dict[int, Any] = {}
     for rank in sorted(set(head["owners"]) | {0}):
+        name = parts.name(rank)
+        in_memory = kept(name)
         try:
-            with storage.open(step, parts.name(rank)) as handle:
+            if in_memory is not None:  # mapped, not copied: the pages are in memory already
+                tensors.update(parts.mapped(in_memory))
+                sources[name] = ("memory", in_memory.stat().st_size)
+                continue
+            with opened(name) as handle:
                 tensors.update(parts.read(handle))
         except FileNotFoundError:
             continue
@@ -151,7 +181,16 @@ def _load_parts(storage: Storage, step: int, map_location: Any, weights_only: bo
             f"files of ranks {sorted({head['owners'][i] for i in missing})}): restore them or "
             "remove the folder to resume from the checkpoint before it"
         )
-    return staging.unflatten(head["skeleton"], tensors)
+    if coordinate.rank_and_size()[0] == 0 and env.checkpoint_memory() is not None:
+        print(memory.said(step, sources), file=sys.stderr, flush=True)
+    elif coordinate.rank_and_size()[0] == 0 and env.restart_count() > 0:
+        print(f"{memory.said(step, sources)} (the nodes here keep no checkpoint in memory "
+              "across attempts: their processes end with each attempt)",
+              file=sys.stderr, flush=True)  # fmt: skip
+    read: dict[str, int] = {}
+    for source, size in sources.values():
+        read[source] = read.get(source, 0) + size
+    return staging.unflatten(head["skeleton"], tensors), read
 
 
 def _resumed(step: int, saved_by: int | None, on_rescale: Callable[[int, int], Any] | None) -> None:

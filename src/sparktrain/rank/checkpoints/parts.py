@@ -10,6 +10,7 @@ run code when loaded.
 from __future__ import annotations
 
 import json
+import os
 import struct
 from typing import IO, Any
 
@@ -48,16 +49,45 @@ def write(handle: IO[bytes], tensors: dict[int, Any]) -> None:
         position = entry["offset"] + entry["nbytes"]
 
 
-def read(handle: IO[bytes]) -> dict[int, Any]:
-    """Read a part written by :func:`write`: index -> tensor (on the CPU)."""
-    import torch
-
+def _header(handle: IO[bytes]) -> tuple[int, list[dict[str, Any]]]:
+    """Where the tensors' bytes start, and each tensor's entry."""
     (start,) = struct.unpack("<Q", handle.read(8))
     header = json.loads(handle.read(start - 8).rstrip(b"\0"))
     if header.get("format") != _FORMAT:
         raise ValueError(f"not a checkpoint part of this sparktrain: {header.get('format')!r}")
+    return start, header["tensors"]
+
+
+def mapped(path: str | os.PathLike[str]) -> dict[int, Any]:
+    """The tensors of the part at ``path``, mapped from the file instead of read (no copy).
+
+    For a part in memory (``/dev/shm``): the tensors are views of the file's pages, mapped
+    privately, so that a change to them never reaches the file; they stay valid after the
+    file is removed.
+    """
+    import torch
+
+    with open(path, "rb") as handle:
+        start, entries = _header(handle)
+    size = os.path.getsize(path)
+    whole = torch.from_file(os.fspath(path), shared=False, size=size, dtype=torch.uint8)
     tensors: dict[int, Any] = {}
-    for entry in header["tensors"]:
+    for entry in entries:
+        first = start + entry["offset"]
+        if first + entry["nbytes"] > size:
+            raise ValueError(f"the checkpoint part {path} ends inside tensor {entry['index']}")
+        data = whole[first : first + entry["nbytes"]].view(getattr(torch, entry["dtype"]))
+        tensors[int(entry["index"])] = data.reshape(entry["shape"])
+    return tensors
+
+
+def read(handle: IO[bytes]) -> dict[int, Any]:
+    """Read a part written by :func:`write`: index -> tensor (on the CPU)."""
+    import torch
+
+    start, entries = _header(handle)
+    tensors: dict[int, Any] = {}
+    for entry in entries:
         dtype = getattr(torch, entry["dtype"])
         tensor = torch.empty(entry["shape"], dtype=dtype)
         handle.seek(start + entry["offset"])

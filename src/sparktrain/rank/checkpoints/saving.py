@@ -20,13 +20,15 @@ import contextlib
 import io
 import operator
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import IO, Any, Literal
 
+from sparktrain.contract import env
 from sparktrain.ground.errors import PEERS_OWN_ERROR, CheckpointError, GrowBack
-from sparktrain.rank.checkpoints import coordinate, parts, staging
+from sparktrain.rank.checkpoints import coordinate, memory, parts, staging
 from sparktrain.rank.checkpoints.storage import Storage, storage_for
 from sparktrain.rank.checkpoints.writer import WRITER, Job
 
@@ -44,6 +46,8 @@ def save(
     blocking: bool = False,
     if_busy: Literal["wait", "skip"] = "wait",
     storage_options: dict[str, Any] | None = None,
+    replicas: int | None = None,
+    in_memory: bool = True,
 ) -> Path | str | None:
     """Save ``state`` as the checkpoint of ``step``; call it on every rank, with alike states.
 
@@ -70,6 +74,13 @@ def save(
             ``"skip"`` this one (every rank skips together; ``None`` is returned).
         storage_options: For a URL, the fsspec file system's options (credentials, an
             endpoint), as ``fsspec.core.url_to_fs(directory, **storage_options)`` takes them.
+        replicas: Where the node keeps the newest checkpoint in host memory (the local backend,
+            a ``LocalCluster``): ``1`` also sends each rank's files to the next node, so that a
+            restart after a lost node loads from the survivors' memory; ``0`` keeps each
+            node's own files only. ``None``: 1 in an elastic run, else 0. Replicated states
+            only (not ``sharded``).
+        in_memory: Keep the checkpoint in the node's memory at all (``False``: storage only,
+            and a restart reads storage).
 
     Returns:
         The checkpoint's folder (a URL for an object store; published in the background unless
@@ -80,6 +91,7 @@ def save(
         GrowBack: The driver asked this elastic run to grow back; the checkpoint is published.
     """
     step = _check(step, keep, if_busy)
+    copies = memory.replicas_for(replicas) if in_memory else -1
     storage = storage_for(directory, storage_options)
     found = _groups()
     rank, size = coordinate.rank_and_size()
@@ -95,7 +107,7 @@ def save(
     if agreed.busy and if_busy == "skip" and not agreed.grow:
         return None
     WRITER.wait()  # back-pressure: the buffers are the previous checkpoint's until it is written
-    target = _Target(storage, step, keep, found, rank, size, agreed.token)
+    target = _Target(storage, step, keep, found, rank, size, agreed.token, copies)
     try:
         job = _dcp_job(state, target) if flat is None else _parts_job(flat, target, agreed.alike)
     except Exception as exc:  # this rank cannot stage: its writer still meets the others'
@@ -153,6 +165,7 @@ class _Target:
     rank: int
     size: int
     token: str
+    replicas: int = 0  # -1: nothing in memory
 
 
 def _parts_job(flat: staging.Flat, target: _Target, alike: bool) -> Job:
@@ -171,14 +184,28 @@ def _parts_job(flat: staging.Flat, target: _Target, alike: bool) -> Job:
     elif target.found is None:
         return lambda: None  # no process group: rank 0 alone saves
 
-    def write_mine() -> None:
-        storage, token = target.storage, target.token
-        if skeleton is not None:
-            storage.write(step, token, "skeleton.pt", lambda handle: handle.write(skeleton))
-        if staged or rank == 0:
-            storage.write(step, token, parts.name(rank), lambda out: parts.write(out, staged))
+    files: dict[str, Callable[[IO[bytes]], Any]] = {}
+    if skeleton is not None:
+        files["skeleton.pt"] = lambda handle: handle.write(skeleton)
+    if staged or rank == 0:
+        files[parts.name(rank)] = lambda out: parts.write(out, staged)
+    storage, token = target.storage, target.token
 
-    return lambda: _write(target, write_mine, {"format": "parts", "writers": writers})
+    def write_mine() -> None:
+        for name, fill in files.items():
+            storage.write(step, token, name, fill)
+
+    def remember() -> None:  # once published: in this node's memory, and its neighbour's
+        if target.replicas < 0:
+            return
+        memory.keep(storage, step, token, files)
+        found = target.found
+        local = env.contract_int("LOCAL_WORLD_SIZE", 1)
+        if target.replicas > 0 and found is not None and found.size > local:
+            memory.exchange(found, storage, step, token, list(files))
+
+    manifest = {"format": "parts", "writers": writers, "token": token}
+    return lambda: _write(target, write_mine, manifest, remember)
 
 
 def _dcp_job(state: Any, target: _Target) -> Job:
@@ -216,14 +243,18 @@ def _failed_job(target: _Target, error: Exception) -> Job:
 
 
 def _write(
-    target: _Target, write_mine: Callable[[], None], manifest: dict[str, Any]
+    target: _Target,
+    write_mine: Callable[[], None],
+    manifest: dict[str, Any],
+    remember: Callable[[], None] | None = None,
 ) -> Callable[[], None] | None:
     """The writer's job, the same three phases on every rank whatever fails.
 
     Rank 0 makes the temporary folder, every rank writes its part, rank 0 publishes; after each
     phase the ranks exchange whether it went well, so a failure anywhere stops every rank's job
-    at the same point (a rank that failed raises its own error, the others name it). Returns
-    what rank 0 does once the checkpoint is published: prune the old ones.
+    at the same point (a rank that failed raises its own error, the others name it). Once the
+    checkpoint is published, ``remember`` keeps it in the node's memory (a failure there is said
+    on stderr, never raised). Returns what rank 0 does next: prune the old ones.
     """
     storage, step, rank, token = target.storage, target.step, target.rank, target.token
 
@@ -264,6 +295,12 @@ def _write(
             f"checkpoint step {step} was not published: rank(s) {failed} could not {what}; "
             f"the previous checkpoint is still the newest {PEERS_OWN_ERROR}"
         )
+    if remember is not None:
+        try:
+            remember()
+        except Exception as exc:  # memory is a shortcut for restarts: storage has the checkpoint
+            print(f"sparktrain: checkpoint step {step} is published but not kept in memory: "
+                  f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)  # fmt: skip
     return (lambda: storage.prune(target.keep)) if rank == 0 else None  # once published
 
 

@@ -1,0 +1,201 @@
+"""Recovery from memory: the newest checkpoint's files kept in the node's host memory.
+
+Where the node offers a memory folder (``SPARKTRAIN_CHECKPOINT_MEMORY``: on the local backend and
+on a ``LocalCluster``, whose folders outlive the run's attempts; see
+:mod:`sparktrain.node.memory`), every rank keeps the files it wrote of the newest replicated
+checkpoint there once it is published: its part (rank 0: the skeleton too), under
+``<folder>/<store>/<step>-<token>/``, where ``<store>`` names the checkpoint directory. With
+``replicas=1`` it also sends them to the rank of its local rank on the next node, which keeps
+them beside its own, so that a lost node's files survive on its neighbour.
+
+A restart reads each file from its node's memory where it is there (and was written by the
+published checkpoint's save: the token says so), and from storage otherwise. Rank 0 prints one
+line saying which files came from where. Keeping and sending never fail a checkpoint: a failure
+is said on stderr and the checkpoint stays in storage alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import struct
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from sparktrain.contract import env
+
+#: How many neighbours keep a copy of a rank's files by default: 1 in elastic runs, else 0.
+ELASTIC_REPLICAS = 1
+
+
+def replicas_for(replicas: int | None) -> int:
+    """The number of copies to send: ``replicas``, or the default (1 in an elastic run)."""
+    if replicas is None:
+        return ELASTIC_REPLICAS if env.target_world_size() is not None else 0
+    if isinstance(replicas, bool) or replicas not in (0, 1):
+        raise ValueError(
+            f"replicas={replicas!r}: pass 0 (this node's memory only) or 1 (also a neighbour "
+            "node's); more copies are not supported"
+        )
+    return replicas
+
+
+def _base(storage: Any) -> Path | None:
+    """This node's folder for the checkpoints of ``storage``, or ``None`` without memory."""
+    folder = env.checkpoint_memory()
+    if folder is None or not os.path.isdir(folder):
+        return None
+    where = str(storage.location(0))
+    return Path(folder) / hashlib.blake2b(where.encode(), digest_size=8).hexdigest()
+
+
+def _here(storage: Any, step: int, token: str) -> Path | None:
+    base = _base(storage)
+    return None if base is None else base / f"{step:08d}-{token}"
+
+
+def keep(storage: Any, step: int, token: str, files: dict[str, Callable[[IO[bytes]], Any]]) -> None:
+    """Keep this rank's ``files`` (name -> what writes it) of a published checkpoint in memory.
+
+    The folders of older checkpoints of the same directory go first: one checkpoint is kept.
+    """
+    here = _here(storage, step, token)
+    if here is None:
+        return
+    try:
+        for other in here.parent.glob("*"):
+            if other.name != here.name:
+                shutil.rmtree(other, ignore_errors=True)
+        here.mkdir(parents=True, exist_ok=True)
+        for name, fill in files.items():
+            _write(here / name, fill)
+    except OSError as exc:  # no room left (a small /dev/shm), say: the files are not kept
+        shutil.rmtree(here, ignore_errors=True)
+        _say_once(f"checkpoint step {step} is not kept in memory ({exc}); a restart reads storage")
+
+
+def _write(path: Path, fill: Callable[[IO[bytes]], Any]) -> None:
+    """Write a file whole or not at all (a reader never takes a cut one for complete)."""
+    partial = path.with_name(f".{path.name}.partial")
+    with open(partial, "wb") as handle:
+        fill(handle)
+    os.replace(partial, path)
+
+
+def exchange(found: Any, storage: Any, step: int, token: str, names: list[str]) -> None:
+    """Send this rank's kept files to its neighbour node's rank; keep what the other one sends.
+
+    Every rank of the world calls it (a collective of the checkpoint's writer group): rank ``r``
+    sends to ``r + L`` and receives from ``r - L`` (``L`` ranks a node), so each node holds its
+    own files and its previous node's.
+    """
+    import torch
+    import torch.distributed as dist
+
+    here = _here(storage, step, token)
+    local = max(env.contract_int("LOCAL_WORLD_SIZE", 1), 1)
+    to, source = (found.rank + local) % found.size, (found.rank - local) % found.size
+    payload = _pack(here, names) if here is not None else torch.zeros(8, dtype=torch.uint8)
+    mine = torch.tensor([payload.numel()], dtype=torch.int64)
+    theirs = torch.zeros(1, dtype=torch.int64)
+    _swap(dist, found.write, (mine, to), (theirs, source))
+    received = torch.empty(int(theirs.item()), dtype=torch.uint8)
+    _swap(dist, found.write, (payload, to), (received, source))
+    if here is None:
+        return
+    try:
+        for name, data in _unpack(received).items():
+            _write(here / name, lambda handle, data=data: handle.write(data))  # type: ignore[misc]
+    except OSError as exc:
+        for name in _unpack(received):
+            (here / name).unlink(missing_ok=True)
+        _say_once(f"checkpoint step {step}: rank {source}'s copy is not kept in memory ({exc})")
+
+
+def _swap(dist: Any, group: Any, send: tuple[Any, int], receive: tuple[Any, int]) -> None:
+    """Send one tensor and receive another at once (every rank sends and receives)."""
+    sent = dist.isend(send[0], send[1], group=group)
+    dist.irecv(receive[0], receive[1], group=group).wait()
+    sent.wait()
+
+
+def _pack(here: Path, names: list[str]) -> Any:
+    """``names`` of ``here`` as one byte tensor: an 8-byte length, a JSON index, the bytes."""
+    import torch
+
+    sizes: dict[str, int] = {}
+    for name in names:
+        with contextlib.suppress(OSError):
+            sizes[name] = (here / name).stat().st_size
+    header = json.dumps(sizes).encode()
+    payload = torch.empty(8 + len(header) + sum(sizes.values()), dtype=torch.uint8)
+    view = memoryview(payload.numpy())  # type: ignore[arg-type]
+    view[: 8 + len(header)] = struct.pack("<Q", len(header)) + header
+    offset = 8 + len(header)
+    for name, size in sizes.items():
+        with open(here / name, "rb") as handle:
+            if handle.readinto(view[offset : offset + size]) != size:
+                raise OSError(f"{here / name} changed while it was sent")
+        offset += size
+    return payload
+
+
+def _unpack(payload: Any) -> dict[str, memoryview]:
+    """The files :func:`_pack` packed (an empty payload holds none)."""
+    view = memoryview(payload.numpy())
+    if len(view) < 8:
+        return {}
+    (length,) = struct.unpack("<Q", view[:8])
+    sizes = json.loads(bytes(view[8 : 8 + length]) or b"{}")
+    files, offset = {}, 8 + length
+    for name, size in sizes.items():
+        files[name] = view[offset : offset + size]
+        offset += size
+    return files
+
+
+def held(storage: Any, step: int, token: str | None, name: str) -> Path | None:
+    """The file ``name`` of the checkpoint of ``step`` written under ``token``, if in memory."""
+    if not token:
+        return None
+    here = _here(storage, step, token)
+    path = None if here is None else here / name
+    return path if path is not None and path.is_file() else None
+
+
+_SAID: set[str] = set()
+
+
+def _say_once(line: str) -> None:
+    """Say on stderr that memory keeps nothing, once per process (not at every checkpoint)."""
+    if not _SAID:
+        print(f"sparktrain: {line} (said once)", file=sys.stderr, flush=True)
+    _SAID.add(line)
+
+
+def kept_bytes() -> int:
+    """The bytes this node's memory folder holds now (0 without one)."""
+    folder = env.checkpoint_memory()
+    if folder is None:
+        return 0
+    return sum(p.stat().st_size for p in Path(folder).glob("*/*/*") if p.is_file())
+
+
+def said(step: int, sources: dict[str, tuple[str, int]]) -> str:
+    """The line saying where each file of a loaded checkpoint came from."""
+    where: dict[str, list[str]] = {"memory": [], "storage": []}
+    sizes = {"memory": 0, "storage": 0}
+    for name, (source, size) in sources.items():
+        where[source].append(name)
+        sizes[source] += size
+    parts = [
+        f"{source}: {', '.join(names)} ({sizes[source] / 1e9:.2f} GB)"
+        for source, names in where.items()
+        if names
+    ]
+    return f"sparktrain: checkpoint step {step} loaded from {'; from '.join(parts)}"

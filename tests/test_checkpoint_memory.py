@@ -1,0 +1,194 @@
+"""Recovery from memory: a restart loads the newest checkpoint from the survivors' host memory.
+
+On a ``LocalCluster`` of 2 real node processes, both ranks save (every rank its share) and keep
+their files in their node's memory folder, and with ``replicas=1`` send them to the other node.
+Node 1 is SIGKILLed (its memory goes with it); the elastic run restarts on node 0 alone, which
+loads every file from its own memory: no byte from storage, the state equal bit for bit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import sparktrain
+from sparktrain import LocalCluster, checkpoint, launch
+
+WIDTH = 512  # 2 x 512 x 512 floats: two tensors of 1 MB, shared between the 2 ranks
+
+
+def _digest(state: dict[str, Any]) -> str:
+    """A digest of every tensor's bytes, in key order."""
+    import torch
+
+    hasher = hashlib.blake2b(digest_size=16)
+    for key in sorted(state):
+        value = state[key]
+        if isinstance(value, torch.Tensor):
+            hasher.update(key.encode() + value.contiguous().view(torch.uint8).numpy().tobytes())
+    return hasher.hexdigest()
+
+
+def _train(ckpt_dir: str) -> dict[str, Any]:
+    """Save steps 1..3 (then hold until killed); after a restart, load and report the digest."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    latest = checkpoint.load_latest(ckpt_dir)
+    if latest is not None:
+        return {"step": latest.step, "read": latest.read, "digest": _digest(latest.state)}
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.Linear(WIDTH, WIDTH))
+    for step in (1, 2, 3):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(step)
+        state = model.state_dict()
+        checkpoint.save(state, ckpt_dir, step, replicas=1)
+        checkpoint.wait()  # published, and in both nodes' memory
+        sparktrain.report(step=step, digest=_digest(state))
+    time.sleep(120)  # node 1 is killed meanwhile; this attempt ends with it
+    return {}
+
+
+def test_a_restart_after_a_lost_node_loads_from_the_survivors_memory(tmp_path: Path) -> None:
+    cluster = LocalCluster(nodes=2)
+    saved: dict[int, str] = {}
+
+    def on_report(rank: int, record: dict[str, Any]) -> None:
+        metrics = record.get("metrics") or {}
+        if rank == 0 and "digest" in metrics:
+            saved[record["step"]] = metrics["digest"]
+            if record["step"] == 3:
+                cluster.kill_node(1)
+
+    result = launch(
+        _train,
+        (str(tmp_path / "ckpt"),),
+        num_processes=2,
+        backend=cluster,
+        min_processes=1,
+        on_report=on_report,
+        progress=False,
+    )
+    assert [(r.cause, r.new_world_size) for r in result.rescales] == [("lost", 1)]
+    value = result.value
+    assert value["step"] == 3 and value["digest"] == saved[3]
+    assert value["read"].get("storage", 0) == 0  # node 1's share came from node 0's copy
+    assert value["read"]["memory"] > 2 * WIDTH * WIDTH * 4  # both shares, and the skeleton
+    assert cluster.node_pids() == {}
+    assert not _memory_folders(), "the run's end removes every node's memory"
+
+
+def _memory_folders() -> list[str]:
+    from sparktrain.node import memory
+
+    mine = f"sparktrain-memory-{os.getpid()}-"
+    return [name for name in os.listdir(memory.root()) if name.startswith(mine)]
+
+
+def _save_and_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Path]:
+    import torch
+
+    folder = tmp_path / "memory"
+    folder.mkdir()
+    monkeypatch.setenv("SPARKTRAIN_CHECKPOINT_MEMORY", str(folder))
+    state = {"w": torch.arange(300_000, dtype=torch.float32), "epoch": 4}
+    checkpoint.save(state, tmp_path / "ckpt", 7, blocking=True)
+    return checkpoint.load_latest(tmp_path / "ckpt"), folder
+
+
+def test_one_process_loads_its_own_kept_checkpoint_from_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    loaded, _folder = _save_and_load(tmp_path, monkeypatch)
+    assert loaded is not None and loaded.state["epoch"] == 4
+    assert torch.equal(loaded.state["w"], torch.arange(300_000, dtype=torch.float32))
+    assert set(loaded.read) == {"memory"} and loaded.read["memory"] > 1_200_000
+    said = "checkpoint step 7 loaded from memory: skeleton.pt, part-00000.bin"
+    assert said in capfd.readouterr().err
+
+
+def test_what_memory_lacks_is_read_from_storage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    _loaded, folder = _save_and_load(tmp_path, monkeypatch)
+    (kept,) = list(folder.glob("*/*/part-00000.bin"))
+    kept.unlink()  # as if the node that kept it was lost
+    again = checkpoint.load_latest(tmp_path / "ckpt")
+    assert again is not None and set(again.read) == {"memory", "storage"}
+    assert again.read["storage"] > 1_200_000
+    shutil.rmtree(folder)  # no memory at all: every byte from storage, the same state
+    folder.mkdir()
+    third = checkpoint.load_latest(tmp_path / "ckpt")
+    assert third is not None and set(third.read) == {"storage"}
+
+
+def test_a_newer_checkpoint_replaces_the_kept_one_and_a_stale_copy_is_never_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    _loaded, folder = _save_and_load(tmp_path, monkeypatch)
+    checkpoint.save({"w": torch.zeros(300_000), "epoch": 5}, tmp_path / "ckpt", 8, blocking=True)
+    assert len(list(folder.glob("*/*"))) == 1  # one checkpoint kept: the newest
+    (kept,) = list(folder.glob("*/*"))
+    kept.rename(kept.with_name(kept.name.replace("00000008", "00000008x")))  # not its token
+    loaded = checkpoint.load_latest(tmp_path / "ckpt")
+    assert loaded is not None and loaded.state["epoch"] == 5 and set(loaded.read) == {"storage"}
+
+
+def test_replicas_must_be_0_or_1(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"replicas=2: pass 0 .* or 1"):
+        checkpoint.save({"a": 1}, tmp_path, 1, replicas=2)
+
+
+def test_no_room_in_memory_is_said_once_and_the_checkpoint_still_published(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    import errno
+
+    import torch
+
+    from sparktrain.rank.checkpoints import memory
+
+    def full(path: Path, fill: Any) -> None:
+        path.with_name(f".{path.name}.partial").write_bytes(b"x")  # what a cut write leaves
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(memory, "_write", full)
+    monkeypatch.setattr(memory, "_SAID", set())
+    folder = tmp_path / "memory"
+    folder.mkdir()
+    monkeypatch.setenv("SPARKTRAIN_CHECKPOINT_MEMORY", str(folder))
+    for step in (1, 2):
+        checkpoint.save({"w": torch.ones(1000)}, tmp_path / "ckpt", step, blocking=True)
+    err = capfd.readouterr().err
+    assert err.count("is not kept in memory") == 1 and "No space left on device" in err
+    assert not list(folder.glob("*/*")), "what could not be kept is removed"
+    loaded = checkpoint.load_latest(tmp_path / "ckpt")
+    assert loaded is not None and loaded.step == 2 and set(loaded.read) == {"storage"}
+
+
+def test_in_memory_false_keeps_nothing_and_a_restart_reads_storage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    folder = tmp_path / "memory"
+    folder.mkdir()
+    monkeypatch.setenv("SPARKTRAIN_CHECKPOINT_MEMORY", str(folder))
+    checkpoint.save({"w": torch.ones(9)}, tmp_path / "ckpt", 1, blocking=True, in_memory=False)
+    assert not list(folder.rglob("*.bin"))
+    loaded = checkpoint.load_latest(tmp_path / "ckpt")
+    assert loaded is not None and set(loaded.read) == {"storage"}

@@ -12,9 +12,10 @@ restarts on node 0 alone, which loads the checkpoint twice and times each load:
   are dropped from the page cache (``posix_fadvise(DONTNEED)`` on each file, once fsynced), so
   the read comes from the disk, as on a restarted machine.
 
-Each is timed from the call to its return (``load_latest``), and until the loaded state is in
-the live model and optimizer (``+ set_state_dict``, what the user waits for before training
-again: a mapped tensor's bytes are copied there).
+Each is timed from the call to its return (``load_latest``), until the loaded state is in the
+live model and optimizer (``+ set_state_dict``), and until the first training step after it
+has ended (``+ first step``: a forward, a backward and Adam's step; the optimizer's state
+mapped from memory is copied on its first write there).
 
 Each load's state is compared with the saved one (a digest of every tensor's bytes), and the
 bytes each load read from memory and from storage are printed (``Checkpoint.read``). The goal:
@@ -103,8 +104,13 @@ def rank_body(folder: str, layers: int, width: int) -> dict[str, Any]:
         set_state_dict(model, optimizer, model_state_dict=loaded.state["model"],
                        optim_state_dict=loaded.state["optim"])  # fmt: skip
         out[f"{source} applied"] = time.perf_counter() - started
-        applied = _digest(_named(get_state_dict(model, optimizer)))
+        applied = _digest(_named(get_state_dict(model, optimizer)))  # not timed
         out[f"{source} digest"], out[f"{source} read"] = applied, dict(loaded.read)
+        started = time.perf_counter()
+        model(torch.ones(2, width)).sum().backward()
+        optimizer.step()
+        out[f"{source} stepped"] = out[f"{source} applied"] + time.perf_counter() - started
+        optimizer.zero_grad()
         del loaded
     return out
 
@@ -147,14 +153,16 @@ def main() -> None:
     print(f"Restart after node 1 of 2 was SIGKILLed: rescales {[r.cause for r in run.rescales]}, "
           f"now {run.world_size} rank")  # fmt: skip
     print("Seconds from the call; GB read from each place; the state applied equal to the saved")
-    print(f"{'load from':<10} {'load_latest':>12} {'+ set_state_dict':>17} {'memory GB':>10} "
-          f"{'storage GB':>11} {'equal':>6}")  # fmt: skip
+    print(f"{'load from':<10} {'load_latest':>12} {'+ set_state_dict':>17} {'+ first step':>13} "
+          f"{'memory GB':>10} {'storage GB':>11} {'equal':>6}")  # fmt: skip
     for source in ("memory", "storage"):
         read = value[f"{source} read"]
         equal = value[f"{source} digest"] == saved["digest"]
         print(f"{source:<10} {value[f'{source} load']:>12.3f} {value[f'{source} applied']:>17.3f} "
-              f"{read.get('memory', 0) / 1e9:>10.2f} {read.get('storage', 0) / 1e9:>11.2f} "
-              f"{equal!s:>6}")  # fmt: skip
+              f"{value[f'{source} stepped']:>13.3f} {read.get('memory', 0) / 1e9:>10.2f} "
+              f"{read.get('storage', 0) / 1e9:>11.2f} {equal!s:>6}")  # fmt: skip
+    stepped = value["storage stepped"] / value["memory stepped"]
+    print(f"Storage / memory, to the end of the first step: {stepped:.2f}x")
     ratio = value["storage applied"] / value["memory applied"]
     clean = value["memory read"].get("storage", 0) == 0
     verdict = "met" if ratio >= 5 and clean else "NOT met"

@@ -143,7 +143,7 @@ def test_a_newer_checkpoint_replaces_the_kept_one_and_a_stale_copy_is_never_read
     checkpoint.save({"w": torch.zeros(300_000), "epoch": 5}, tmp_path / "ckpt", 8, blocking=True)
     assert len(list(folder.glob("*/*"))) == 1  # one checkpoint kept: the newest
     (kept,) = list(folder.glob("*/*"))
-    kept.rename(kept.with_name(kept.name.replace("00000008", "00000008x")))  # not its token
+    kept.rename(kept.with_name("00000008-0123456789abcdef"))  # the right step, not its token
     loaded = checkpoint.load_latest(tmp_path / "ckpt")
     assert loaded is not None and loaded.state["epoch"] == 5 and set(loaded.read) == {"storage"}
 
@@ -162,9 +162,14 @@ def test_no_room_in_memory_is_said_once_and_the_checkpoint_still_published(
 
     from sparktrain.rank.checkpoints import memory
 
-    def full(path: Path, fill: Any) -> None:
-        path.with_name(f".{path.name}.partial").write_bytes(b"x")  # what a cut write leaves
-        raise OSError(errno.ENOSPC, "No space left on device")
+    write = memory._write
+
+    def full(path: Path, fill: Any) -> None:  # the device fills up in the middle of a file
+        def cut(handle: Any) -> None:
+            handle.write(b"x" * 100)
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        write(path, cut)
 
     monkeypatch.setattr(memory, "_write", full)
     monkeypatch.setattr(memory, "_SAID", set())
@@ -175,7 +180,7 @@ def test_no_room_in_memory_is_said_once_and_the_checkpoint_still_published(
         checkpoint.save({"w": torch.ones(1000)}, tmp_path / "ckpt", step, blocking=True)
     err = capfd.readouterr().err
     assert err.count("is not kept in memory") == 1 and "No space left on device" in err
-    assert not list(folder.glob("*/*")), "what could not be kept is removed"
+    assert not [p for p in folder.rglob("*") if p.is_file()], "nothing half kept is left"
     loaded = checkpoint.load_latest(tmp_path / "ckpt")
     assert loaded is not None and loaded.step == 2 and set(loaded.read) == {"storage"}
 
@@ -192,3 +197,87 @@ def test_in_memory_false_keeps_nothing_and_a_restart_reads_storage(
     assert not list(folder.rglob("*.bin"))
     loaded = checkpoint.load_latest(tmp_path / "ckpt")
     assert loaded is not None and set(loaded.read) == {"storage"}
+
+
+def test_every_dtype_and_shape_comes_back_from_memory_as_saved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    folder = tmp_path / "memory"
+    folder.mkdir()
+    monkeypatch.setenv("SPARKTRAIN_CHECKPOINT_MEMORY", str(folder))
+    state = {
+        "bf16": torch.randn(700_000).to(torch.bfloat16),  # over 1 MiB
+        "half": torch.randn(3, 5).half(),
+        "flags": torch.tensor([True, False, True]),
+        "ids": torch.arange(7, dtype=torch.int64).reshape(7, 1),
+        "empty": torch.zeros(0, 4),
+        "scalar": torch.tensor(2.5, dtype=torch.float64),
+        "odd": torch.arange(3, dtype=torch.uint8),
+    }
+    checkpoint.save(state, tmp_path / "ckpt", 1, blocking=True)
+    loaded = checkpoint.load_latest(tmp_path / "ckpt")
+    assert loaded is not None and set(loaded.read) == {"memory"}
+    for key, tensor in state.items():
+        got = loaded.state[key]
+        assert got.dtype == tensor.dtype and got.shape == tensor.shape, key
+        assert torch.equal(got, tensor), key
+    got = loaded.state["ids"]
+    got += 1  # private: changing a loaded tensor never changes the kept copy
+    again = checkpoint.load_latest(tmp_path / "ckpt")
+    assert again is not None and torch.equal(again.state["ids"], state["ids"])
+
+
+def test_a_damaged_copy_in_memory_is_read_from_storage_instead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    _loaded, folder = _save_and_load(tmp_path, monkeypatch)
+    (kept,) = list(folder.glob("*/*/part-00000.bin"))
+    kept.write_bytes(kept.read_bytes()[:4000])  # cut inside the tensor
+    loaded = checkpoint.load_latest(tmp_path / "ckpt")
+    assert loaded is not None and loaded.read["storage"] > 1_200_000
+    assert torch.equal(loaded.state["w"], torch.arange(300_000, dtype=torch.float32))
+    assert "part-00000.bin is unreadable" in capfd.readouterr().err
+
+
+def test_too_little_room_keeps_nothing_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    from sparktrain.rank.checkpoints import memory
+
+    monkeypatch.setattr(memory, "HEADROOM_BYTES", 1 << 60)  # more than any disk has
+    monkeypatch.setattr(memory, "_SAID", set())
+    folder = tmp_path / "memory"
+    folder.mkdir()
+    monkeypatch.setenv("SPARKTRAIN_CHECKPOINT_MEMORY", str(folder))
+    checkpoint.save({"w": torch.ones(1000)}, tmp_path / "ckpt", 1, blocking=True)
+    assert not [p for p in folder.rglob("*") if p.is_file()]
+    assert "would leave less than" in capfd.readouterr().err
+
+
+def _save_then(ckpt_dir: str, fail: bool) -> int:
+    import torch
+
+    checkpoint.save({"w": torch.ones(300_000)}, ckpt_dir, 1)
+    checkpoint.wait()
+    if fail:
+        raise ValueError("after the save")
+    return 1
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_a_local_run_removes_its_nodes_memory_at_its_end(tmp_path: Path, fail: bool) -> None:
+    from sparktrain import TrainingFailedError
+
+    before = set(_memory_folders())
+    if fail:
+        with pytest.raises(TrainingFailedError, match="after the save"):
+            launch(_save_then, (str(tmp_path), True), num_processes=2, progress=False)
+    else:
+        launch(_save_then, (str(tmp_path), False), num_processes=2, progress=False)
+    assert set(_memory_folders()) == before

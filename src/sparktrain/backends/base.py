@@ -45,6 +45,8 @@ class Attempt:
         target_world_size: In an elastic run, the size it was launched at; ``None`` otherwise.
         store: In an in-place run, the store the driver hosts (``members/<g>`` of each
             generation), reached by the ranks at ``SPARKTRAIN_IN_PLACE_STORE``.
+        run: The run's key, the same for all its attempts (what a backend keeps across them,
+            such as its nodes' checkpoint memory, is kept under it until :meth:`Backend.end_run`).
     """
 
     plan: LaunchPlan
@@ -56,6 +58,7 @@ class Attempt:
     data_uri: str | None = None
     target_world_size: int | None = None
     store: Any = None  # in place: the store the driver hosts for the ranks' generations
+    run: str = ""
 
     def spec(
         self, *, channel: tuple[str, int] | None = None, secret: bytes | None = None
@@ -234,11 +237,12 @@ class Backend(ABC):
         """
         return plan.world_size
 
-    def end_run(self) -> None:  # noqa: B027 - optional: most keep nothing across attempts
-        """Release what the backend kept for one run across its attempts.
+    def end_run(self, run: str) -> None:  # noqa: B027 - optional: most keep nothing
+        """Release what the backend kept across the attempts of the run ``run``.
 
-        That is its nodes' checkpoint memory. ``launch`` calls it once at the end of every run,
-        whoever made the backend.
+        That is its nodes' checkpoint memory (kept under :attr:`Attempt.run`).
+        ``launch`` calls it once at the end of every run, whoever made the backend; runs of
+        one backend may overlap (the trials of a search), each with its own key.
         """
 
     def close(self) -> None:  # noqa: B027 - optional: most backends hold nothing of their own

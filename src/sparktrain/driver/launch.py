@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -103,18 +104,21 @@ class PreparedLaunch:
         monitor = monitor or Monitor(
             progress=self.options.output.progress, on_report=self.options.output.on_report
         )
+        run_key = uuid.uuid4().hex  # what the backend keeps across this run's attempts
         try:
-            result = self._tracked(entry, data_uri, monitor)
+            result = self._tracked(entry, data_uri, monitor, run_key)
         finally:
             try:
-                self.backend.end_run()
+                self.backend.end_run(run_key)
             finally:
                 monitor.close()
         if monitor.error is not None:
             raise monitor.error
         return result
 
-    def _tracked(self, entry: Entrypoint, data_uri: str | None, monitor: Monitor) -> RunResult:
+    def _tracked(
+        self, entry: Entrypoint, data_uri: str | None, monitor: Monitor, run_key: str
+    ) -> RunResult:
         """The attempts inside the run's MLflow run, when tracking is on."""
         from sparktrain.driver import tracking as driver
 
@@ -133,7 +137,13 @@ class PreparedLaunch:
                 self.plan,
                 options,
                 lambda plan, number: self._attempt(
-                    entry, plan, number, extra_env=extra, data_uri=data_uri, monitor=monitor
+                    entry,
+                    plan,
+                    number,
+                    extra_env=extra,
+                    data_uri=data_uri,
+                    monitor=monitor,
+                    run_key=run_key,
                 ),
                 monitor,
                 on_start=run.attempt_started if run else None,
@@ -156,6 +166,7 @@ class PreparedLaunch:
         extra_env: dict[str, str] | None,
         data_uri: str | None,
         monitor: Monitor,
+        run_key: str = "",
     ) -> RunResult | GrowingBack:
         started = time.monotonic()
         options = self.options
@@ -169,6 +180,7 @@ class PreparedLaunch:
         attempt = Attempt(
             plan=plan, options=options, entry=entry, number=number, monitor=monitor,
             extra_env=extra_env, data_uri=data_uri, target_world_size=target, store=store,
+            run=run_key,
         )  # fmt: skip
         nodes = self.backend.start(attempt)
         with running(nodes):  # sparktrain.preempt reaches it

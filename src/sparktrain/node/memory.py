@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 
 from sparktrain.rank import rundirs
 
@@ -37,3 +38,39 @@ def remove(folder: str | None) -> None:
     """Remove a memory folder and what it holds (nothing if ``folder`` is empty or gone)."""
     if folder:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+class Memories:
+    """The memory folders a driver keeps for the nodes of its runs, by run and node.
+
+    Runs of one backend may overlap (the trials of a search): each run has its own folders,
+    made on first use and removed at its end (:meth:`end`) or with a lost node (:meth:`lose`).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._folders: dict[tuple[str, int], str] = {}
+
+    def of(self, run: str, node: int) -> str:
+        """The folder of ``node`` in ``run`` (made on first use)."""
+        with self._lock:
+            folder = self._folders.get((run, node))
+            if folder is None:
+                folder = self._folders[run, node] = make()
+            return folder
+
+    def lose(self, node: int) -> None:
+        """Remove ``node``'s folders, in every run: a lost machine's memory is lost with it."""
+        with self._lock:
+            gone = [key for key in self._folders if key[1] == node]
+            folders = [self._folders.pop(key) for key in gone]
+        for folder in folders:
+            remove(folder)
+
+    def end(self, run: str) -> None:
+        """Remove every folder of ``run``: it is over."""
+        with self._lock:
+            gone = [key for key in self._folders if key[0] == run]
+            folders = [self._folders.pop(key) for key in gone]
+        for folder in folders:
+            remove(folder)

@@ -38,7 +38,7 @@ class LocalBackend(Backend):
     def __init__(self, *, topology: Topology | None = None) -> None:
         """Use ``topology`` (tests pass their own), or detect this machine's when planning."""
         self.topology = topology
-        self._memory = ""  # the node's checkpoint memory, kept across a run's attempts
+        self._memory = node_memory.Memories()  # the node's checkpoint memory, for each run
 
     @classmethod
     def open(cls, wanted: Wanted) -> Backend:
@@ -60,14 +60,11 @@ class LocalBackend(Backend):
 
     def start(self, attempt: Attempt) -> Nodes:
         """Prepare the node and ask for its ranks."""
-        if not self._memory:
-            self._memory = node_memory.make()
-        return LocalNodes(attempt, self._memory)
+        return LocalNodes(attempt, self._memory.of(attempt.run, 0))
 
-    def end_run(self) -> None:
-        """Remove the node's checkpoint memory."""
-        node_memory.remove(self._memory)
-        self._memory = ""
+    def end_run(self, run: str) -> None:
+        """Remove the node's checkpoint memory of ``run``."""
+        self._memory.end(run)
 
 
 class LocalNodes(Nodes):

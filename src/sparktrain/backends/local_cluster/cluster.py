@@ -57,7 +57,7 @@ class LocalCluster(Backend):
         self._up = [True] * nodes
         self._lock = threading.Lock()
         self._running: dict[int, subprocess.Popen[bytes]] = {}
-        self._memory: dict[int, str] = {}  # each node's checkpoint memory, for the run
+        self._memory = memory.Memories()  # each node's checkpoint memory, for each run
 
     # -- the cluster ----------------------------------------------------------------------------
     @property
@@ -73,12 +73,11 @@ class LocalCluster(Backend):
             The PID of the node process killed, or ``None`` when none ran there.
         """
         process = self._process(node, down=True)
-        self._forget_memory(node)  # a lost machine's memory is lost with it
-        if process is None:
-            return None
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        return process.pid
+        if process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+        self._memory.lose(node)  # a lost machine's memory is lost with it (once it is dead)
+        return None if process is None else process.pid
 
     def freeze_node(self, node: int) -> int | None:
         """Make node ``node`` go silent: SIGSTOP its agent, fork server and ranks.
@@ -114,27 +113,14 @@ class LocalCluster(Backend):
         with self._lock:
             if 0 <= node < len(self._up):
                 self._up[node] = False
-        self._forget_memory(node)
 
-    def memory_of(self, node: int) -> str:
-        """Node ``node``'s checkpoint memory folder for the run (made on first use)."""
-        with self._lock:
-            folder = self._memory.get(node)
-            if folder is None:
-                folder = self._memory[node] = memory.make()
-            return folder
+    def memory_of(self, run: str, node: int) -> str:
+        """Node ``node``'s checkpoint memory folder for the run ``run`` (made on first use)."""
+        return self._memory.of(run, node)
 
-    def _forget_memory(self, node: int) -> None:
-        with self._lock:
-            folder = self._memory.pop(node, None)
-        memory.remove(folder)
-
-    def end_run(self) -> None:
-        """Remove every node's checkpoint memory: the run is over."""
-        with self._lock:
-            folders, self._memory = list(self._memory.values()), {}
-        for folder in folders:
-            memory.remove(folder)
+    def end_run(self, run: str) -> None:
+        """Remove every node's checkpoint memory of ``run``: it is over."""
+        self._memory.end(run)
 
     def add_node(self) -> int:
         """Bring a node (back) up: the first one down, else a new one; its index."""
@@ -208,6 +194,7 @@ class LocalClusterNodes(RemoteNodes):
         super().__init__(attempt, LOOPBACK)
         self.cluster = cluster
         self.plan = attempt.plan
+        self.run = attempt.run
         self.folder = tempfile.mkdtemp(prefix="sparktrain-cluster-")
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.slots: list[int] = []
@@ -238,8 +225,9 @@ class LocalClusterNodes(RemoteNodes):
         joining: bool = False,
     ) -> None:
         place = Place(
-            node, f"node{slot}", master, (), joining=joining, memory=self.cluster.memory_of(slot)
-        )
+            node, f"node{slot}", master, (), joining=joining,
+            memory=self.cluster.memory_of(self.run, slot),
+        )  # fmt: skip
         job = os.path.join(self.folder, f"node-{node}.job")
         with open(job, "wb") as handle:
             cloudpickle.dump((self.spec, place), handle)
@@ -270,6 +258,7 @@ class LocalClusterNodes(RemoteNodes):
             self.cluster.mark_down(slot)
             self.silent[self.slots.index(slot)] = why
             self._kill(self.procs[self.slots.index(slot)])
+            self.cluster._memory.lose(slot)  # a machine cut off: its memory counts as lost
         self.printer.silent_hosts.clear()
         failed = self._reap() or failed
         if len(self.reports) < len(self.procs):

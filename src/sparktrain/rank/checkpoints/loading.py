@@ -134,42 +134,76 @@ def _check_map_location(map_location: Any) -> None:
         )
 
 
+class _Files:
+    """The files of one published checkpoint, and where each came from.
+
+    Each is read from the node's memory where it holds the file (and it reads well), else
+    from storage.
+    """
+
+    def __init__(self, storage: Storage, step: int, token: Any) -> None:
+        self.storage, self.step = storage, step
+        self.token = token if isinstance(token, str) else None
+        self.sources: dict[str, tuple[str, int]] = {}
+
+    def read(
+        self, name: str, from_memory: Callable[[Path], Any], read: Callable[[Any], Any]
+    ) -> Any:
+        """``from_memory(path)`` of the kept copy, else ``read(handle)`` of storage's."""
+        kept = memory.held(self.storage, self.step, self.token, name)
+        if kept is not None:
+            try:
+                value = from_memory(kept)
+                self.sources[name] = ("memory", kept.stat().st_size)
+                return value
+            except (OSError, ValueError, RuntimeError, EOFError) as exc:  # storage has it whole
+                print(f"sparktrain: {kept} is unreadable ({type(exc).__name__}: {exc}); reading "
+                      f"{name} from storage", file=sys.stderr, flush=True)  # fmt: skip
+        with self.storage.open(self.step, name) as handle:
+            size = handle.seek(0, os.SEEK_END)
+            handle.seek(0)
+            self.sources[name] = ("storage", size)
+            return read(handle)
+
+    def said(self) -> None:
+        """Rank 0's line: which files came from memory, which from storage."""
+        if coordinate.rank_and_size()[0] != 0:
+            return
+        line = memory.said(self.step, self.sources)
+        if env.checkpoint_memory() is not None:
+            print(line, file=sys.stderr, flush=True)
+        elif env.restart_count() > 0:
+            print(f"{line} (the nodes here keep no checkpoint in memory across attempts: their "
+                  "processes end with each attempt)", file=sys.stderr, flush=True)  # fmt: skip
+
+    def read_bytes(self) -> dict[str, int]:
+        """The bytes read from each place."""
+        read: dict[str, int] = {}
+        for source, size in self.sources.values():
+            read[source] = read.get(source, 0) + size
+        return read
+
+
 def _load_parts(
     storage: Storage, step: int, manifest: dict[str, Any], map_location: Any, weights_only: bool
 ) -> tuple[Any, dict[str, int]]:
     """The state, and the bytes read from memory and from storage."""
     import torch
 
-    path = storage.location(step)
-    token = manifest.get("token")
-    sources: dict[str, tuple[str, int]] = {}
+    files = _Files(storage, step, manifest.get("token"))
 
-    def kept(name: str) -> Path | None:
-        return memory.held(storage, step, token if isinstance(token, str) else None, name)
+    def load(handle: Any) -> Any:
+        return torch.load(handle, map_location=map_location, weights_only=weights_only)
 
-    def opened(name: str) -> Any:
-        handle = storage.open(step, name)
-        size = handle.seek(0, os.SEEK_END)
-        handle.seek(0)
-        sources[name] = ("storage", size)
-        return handle
+    def load_kept(path: Path) -> Any:
+        with open(path, "rb") as handle:
+            return load(handle)
 
-    skeleton = kept("skeleton.pt")
-    if skeleton is not None:
-        sources["skeleton.pt"] = ("memory", skeleton.stat().st_size)
-    with open(skeleton, "rb") if skeleton is not None else opened("skeleton.pt") as handle:
-        head = torch.load(handle, map_location=map_location, weights_only=weights_only)
+    head = files.read("skeleton.pt", load_kept, load)
     tensors: dict[int, Any] = {}
     for rank in sorted(set(head["owners"]) | {0}):
-        name = parts.name(rank)
-        in_memory = kept(name)
-        try:
-            if in_memory is not None:  # mapped, not copied: the pages are in memory already
-                tensors.update(parts.mapped(in_memory))
-                sources[name] = ("memory", in_memory.stat().st_size)
-                continue
-            with opened(name) as handle:
-                tensors.update(parts.read(handle))
+        try:  # a part in memory is mapped, not copied: its pages are in memory already
+            tensors.update(files.read(parts.name(rank), parts.mapped, parts.read))
         except FileNotFoundError:
             continue
     if map_location is not None and str(map_location) != "cpu":
@@ -177,20 +211,12 @@ def _load_parts(
     missing = [i for i in range(len(head["owners"])) if i not in tensors]
     if missing:
         raise FileNotFoundError(
-            f"checkpoint {path} lacks {len(missing)} tensor(s) its manifest lists (the part "
-            f"files of ranks {sorted({head['owners'][i] for i in missing})}): restore them or "
-            "remove the folder to resume from the checkpoint before it"
+            f"checkpoint {storage.location(step)} lacks {len(missing)} tensor(s) its manifest "
+            f"lists (the part files of ranks {sorted({head['owners'][i] for i in missing})}): "
+            "restore them or remove the folder to resume from the checkpoint before it"
         )
-    if coordinate.rank_and_size()[0] == 0 and env.checkpoint_memory() is not None:
-        print(memory.said(step, sources), file=sys.stderr, flush=True)
-    elif coordinate.rank_and_size()[0] == 0 and env.restart_count() > 0:
-        print(f"{memory.said(step, sources)} (the nodes here keep no checkpoint in memory "
-              "across attempts: their processes end with each attempt)",
-              file=sys.stderr, flush=True)  # fmt: skip
-    read: dict[str, int] = {}
-    for source, size in sources.values():
-        read[source] = read.get(source, 0) + size
-    return staging.unflatten(head["skeleton"], tensors), read
+    files.said()
+    return staging.unflatten(head["skeleton"], tensors), files.read_bytes()
 
 
 def _resumed(step: int, saved_by: int | None, on_rescale: Callable[[int, int], Any] | None) -> None:

@@ -59,54 +59,108 @@ def _here(storage: Any, step: int, token: str) -> Path | None:
     return None if base is None else base / f"{step:08d}-{token}"
 
 
-def keep(storage: Any, step: int, token: str, files: dict[str, Callable[[IO[bytes]], Any]]) -> None:
+def keep(
+    storage: Any,
+    step: int,
+    token: str,
+    files: dict[str, Callable[[IO[bytes]], Any]],
+    need: int,
+) -> None:
     """Keep this rank's ``files`` (name -> what writes it) of a published checkpoint in memory.
 
     The folders of older checkpoints of the same directory go first: one checkpoint is kept.
+    ``need`` is about how many bytes the files take: without room for them (and some room
+    left for others, see :func:`room`), nothing is written.
     """
     here = _here(storage, step, token)
     if here is None:
         return
     try:
+        here.parent.mkdir(exist_ok=True)  # never the node's folder: gone, it stays gone
         for other in here.parent.glob("*"):
             if other.name != here.name:
                 shutil.rmtree(other, ignore_errors=True)
-        here.mkdir(parents=True, exist_ok=True)
+        room(here.parent, need)
+        here.mkdir(exist_ok=True)
         for name, fill in files.items():
             _write(here / name, fill)
-    except OSError as exc:  # no room left (a small /dev/shm), say: the files are not kept
-        shutil.rmtree(here, ignore_errors=True)
+    except OSError as exc:  # no room (a small /dev/shm), or the node's folder is gone
+        for name in files:  # this rank's files only: its peers on the node keep theirs
+            (here / name).unlink(missing_ok=True)
         _say_once(f"checkpoint step {step} is not kept in memory ({exc}); a restart reads storage")
+
+
+#: What a node's memory folder leaves free on its file system: the larger of this and a tenth of
+#: it (``/dev/shm`` is shared with data loaders and NCCL; a 64 MB one keeps nothing).
+HEADROOM_BYTES = 64 << 20
+
+
+def room(folder: Path, need: int) -> None:
+    """Raise ``OSError`` unless ``need`` bytes fit in ``folder``'s file system with headroom."""
+    usage = shutil.disk_usage(folder)
+    spare = max(HEADROOM_BYTES, usage.total // 10)
+    if usage.free - need < spare:
+        raise OSError(
+            f"{need / 1e9:.2f} GB would leave less than {spare / 1e9:.2f} GB free of "
+            f"{usage.total / 1e9:.2f} GB on {folder.parent}"
+        )
 
 
 def _write(path: Path, fill: Callable[[IO[bytes]], Any]) -> None:
     """Write a file whole or not at all (a reader never takes a cut one for complete)."""
     partial = path.with_name(f".{path.name}.partial")
-    with open(partial, "wb") as handle:
-        fill(handle)
-    os.replace(partial, path)
+    try:
+        with open(partial, "wb") as handle:
+            fill(handle)
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
 
 
 def exchange(found: Any, storage: Any, step: int, token: str, names: list[str]) -> None:
     """Send this rank's kept files to its neighbour node's rank; keep what the other one sends.
 
-    Every rank of the world calls it (a collective of the checkpoint's writer group): rank ``r``
+    Every rank of the world calls it (collectives of the checkpoint's writer group): rank ``r``
     sends to ``r + L`` and receives from ``r - L`` (``L`` ranks a node), so each node holds its
-    own files and its previous node's.
+    own files and its previous node's. Where that would send to a rank of the same node (the
+    ranks of a node not numbered in a row, after an in-place resize), no rank sends. Whatever
+    fails on a rank, it still takes its part in every exchange, so no peer is left waiting.
     """
     import torch
     import torch.distributed as dist
 
-    here = _here(storage, step, token)
     local = max(env.contract_int("LOCAL_WORLD_SIZE", 1), 1)
+    nodes: list[Any] = [None] * found.size
+    dist.all_gather_object(nodes, env.contract_int("NODE_RANK", 0), group=found.write)
     to, source = (found.rank + local) % found.size, (found.rank - local) % found.size
-    payload = _pack(here, names) if here is not None else torch.zeros(8, dtype=torch.uint8)
-    mine = torch.tensor([payload.numel()], dtype=torch.int64)
-    theirs = torch.zeros(1, dtype=torch.int64)
-    _swap(dist, found.write, (mine, to), (theirs, source))
-    received = torch.empty(int(theirs.item()), dtype=torch.uint8)
-    _swap(dist, found.write, (payload, to), (received, source))
-    if here is None:
+    if any(nodes[r] == nodes[(r + local) % found.size] for r in range(found.size)):
+        return  # every rank sees the same list, so every rank returns here
+    here = _here(storage, step, token)
+    payload = torch.zeros(8, dtype=torch.uint8)  # nothing to send: the peer still hears so
+    try:
+        if here is not None:
+            payload = _pack(here, names)
+    except Exception as exc:  # never leave the peer waiting: it receives an empty payload
+        _say_once(f"checkpoint step {step}: not sent to the next node's memory ({exc})")
+    sizes = torch.tensor([payload.numel(), 0], dtype=torch.int64)  # [what I send, I take it]
+    theirs = torch.zeros(2, dtype=torch.int64)
+    _swap(dist, found.write, (sizes[:1].clone(), to), (theirs[:1], source))
+    received = None
+    try:
+        if here is not None:
+            room(here, int(theirs[0]))
+            received = torch.empty(int(theirs[0]), dtype=torch.uint8)
+    except Exception as exc:
+        _say_once(f"checkpoint step {step}: rank {source}'s copy is not kept in memory ({exc})")
+    taken = torch.tensor([int(received is not None)], dtype=torch.int64)
+    _swap(dist, found.write, (taken, source), (theirs[1:], to))  # whether `to` takes mine
+    sent = dist.isend(payload, to, group=found.write) if int(theirs[1]) else None
+    if received is not None:
+        dist.irecv(received, source, group=found.write).wait()  # type: ignore[union-attr]
+    if sent is not None:
+        sent.wait()
+    if received is None or here is None:
         return
     try:
         for name, data in _unpack(received).items():

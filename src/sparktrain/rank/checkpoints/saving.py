@@ -190,6 +190,7 @@ def _parts_job(flat: staging.Flat, target: _Target, alike: bool) -> Job:
     if staged or rank == 0:
         files[parts.name(rank)] = lambda out: parts.write(out, staged)
     storage, token = target.storage, target.token
+    need = sum(staging.nbytes(t) for t in staged.values()) + len(skeleton or b"") + (1 << 16)
 
     def write_mine() -> None:
         for name, fill in files.items():
@@ -198,10 +199,11 @@ def _parts_job(flat: staging.Flat, target: _Target, alike: bool) -> Job:
     def remember() -> None:  # once published: in this node's memory, and its neighbour's
         if target.replicas < 0:
             return
-        memory.keep(storage, step, token, files)
+        memory.keep(storage, step, token, files, need)
         found = target.found
         local = env.contract_int("LOCAL_WORLD_SIZE", 1)
-        if target.replicas > 0 and found is not None and found.size > local:
+        nodes_keep = env.checkpoint_memory() is not None  # the same on every node of a run
+        if target.replicas > 0 and nodes_keep and found is not None and found.size > local:
             memory.exchange(found, storage, step, token, list(files))
 
     manifest = {"format": "parts", "writers": writers, "token": token}

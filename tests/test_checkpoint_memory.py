@@ -93,12 +93,18 @@ def _memory_folders() -> list[str]:
     return [name for name in os.listdir(memory.root()) if name.startswith(mine)]
 
 
-def _save_and_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Path]:
-    import torch
-
+def _memory_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A node memory folder for this process, as a launch gives its ranks one."""
     folder = tmp_path / "memory"
     folder.mkdir()
     monkeypatch.setenv("SPARKTRAIN_CHECKPOINT_MEMORY", str(folder))
+    return folder
+
+
+def _save_and_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Path]:
+    import torch
+
+    folder = _memory_here(tmp_path, monkeypatch)
     state = {"w": torch.arange(300_000, dtype=torch.float32), "epoch": 4}
     checkpoint.save(state, tmp_path / "ckpt", 7, blocking=True)
     return checkpoint.load_latest(tmp_path / "ckpt"), folder
@@ -173,9 +179,7 @@ def test_no_room_in_memory_is_said_once_and_the_checkpoint_still_published(
 
     monkeypatch.setattr(memory, "_write", full)
     monkeypatch.setattr(memory, "_SAID", set())
-    folder = tmp_path / "memory"
-    folder.mkdir()
-    monkeypatch.setenv("SPARKTRAIN_CHECKPOINT_MEMORY", str(folder))
+    folder = _memory_here(tmp_path, monkeypatch)
     for step in (1, 2):
         checkpoint.save({"w": torch.ones(1000)}, tmp_path / "ckpt", step, blocking=True)
     err = capfd.readouterr().err
@@ -190,9 +194,7 @@ def test_in_memory_false_keeps_nothing_and_a_restart_reads_storage(
 ) -> None:
     import torch
 
-    folder = tmp_path / "memory"
-    folder.mkdir()
-    monkeypatch.setenv("SPARKTRAIN_CHECKPOINT_MEMORY", str(folder))
+    folder = _memory_here(tmp_path, monkeypatch)
     checkpoint.save({"w": torch.ones(9)}, tmp_path / "ckpt", 1, blocking=True, in_memory=False)
     assert not list(folder.rglob("*.bin"))
     loaded = checkpoint.load_latest(tmp_path / "ckpt")
@@ -204,9 +206,7 @@ def test_every_dtype_and_shape_comes_back_from_memory_as_saved(
 ) -> None:
     import torch
 
-    folder = tmp_path / "memory"
-    folder.mkdir()
-    monkeypatch.setenv("SPARKTRAIN_CHECKPOINT_MEMORY", str(folder))
+    _memory_here(tmp_path, monkeypatch)
     state = {
         "bf16": torch.randn(700_000).to(torch.bfloat16),  # over 1 MiB
         "half": torch.randn(3, 5).half(),
@@ -252,9 +252,7 @@ def test_too_little_room_keeps_nothing_and_says_why(
 
     monkeypatch.setattr(memory, "HEADROOM_BYTES", 1 << 60)  # more than any disk has
     monkeypatch.setattr(memory, "_SAID", set())
-    folder = tmp_path / "memory"
-    folder.mkdir()
-    monkeypatch.setenv("SPARKTRAIN_CHECKPOINT_MEMORY", str(folder))
+    folder = _memory_here(tmp_path, monkeypatch)
     checkpoint.save({"w": torch.ones(1000)}, tmp_path / "ckpt", 1, blocking=True)
     assert not [p for p in folder.rglob("*") if p.is_file()]
     assert "would leave less than" in capfd.readouterr().err

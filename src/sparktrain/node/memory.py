@@ -15,6 +15,7 @@ import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Callable
 
 from sparktrain.rank import rundirs
 
@@ -61,16 +62,15 @@ class Memories:
 
     def lose(self, node: int) -> None:
         """Remove ``node``'s folders, in every run: a lost machine's memory is lost with it."""
-        with self._lock:
-            gone = [key for key in self._folders if key[1] == node]
-            folders = [self._folders.pop(key) for key in gone]
-        for folder in folders:
-            remove(folder)
+        self._drop(lambda run, where: where == node)
 
     def end(self, run: str) -> None:
         """Remove every folder of ``run``: it is over."""
+        self._drop(lambda key, _node: key == run)
+
+    def _drop(self, which: Callable[[str, int], bool]) -> None:
         with self._lock:
-            gone = [key for key in self._folders if key[0] == run]
+            gone = [key for key in self._folders if which(*key)]
             folders = [self._folders.pop(key) for key in gone]
         for folder in folders:
             remove(folder)

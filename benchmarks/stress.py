@@ -156,6 +156,7 @@ def spark_row(count: int) -> list[Row]:
 
 def kill_row(count: int) -> KillRow:
     from sparktrain import launch
+    from sparktrain.node import memory as node_memory
 
     row = KillRow()
     log(f"caller SIGKILLed at a random moment: {count} trials")
@@ -179,7 +180,11 @@ def kill_row(count: int) -> KillRow:
                 time.sleep(0.1)
             row.survivors += sum(1 for p in pids if alive(p))
             launch(os.getpid, num_processes=1, use_gpu=False)  # sweeps dead callers' dirs
-            left = list(Path(tempfile.gettempdir()).glob(f"sparktrain-*-{caller.pid}-*"))
+            left = [  # its run directories, and its nodes' checkpoint memory (/dev/shm)
+                path
+                for root in {tempfile.gettempdir(), node_memory.root()}
+                for path in Path(root).glob(f"sparktrain-*-{caller.pid}-*")
+            ]
             row.dirs_left += len(left)
             row.trials += 1
     return row

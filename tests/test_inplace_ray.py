@@ -55,9 +55,9 @@ def test_a_ray_node_removed_then_added_back_heals_from_a_live_peer(
             events.append("added")
             cluster.add_node(num_cpus=1)
 
-    result = launch(
+    result = launch(  # the survivor alone waits for the joiner's process to start (3 starts)
         _in_place_train,
-        (str(tmp_path / "data"), str(tmp_path / "logs"), 1.0),
+        (str(tmp_path / "data"), str(tmp_path / "logs"), 1.0, 3),
         num_processes=2,
         backend="ray",
         min_processes=1,

@@ -15,6 +15,9 @@ import struct
 from typing import IO, Any
 
 _ALIGN = 64
+#: A mapped part's tensors under this size are copied: a view at an offset of the file's
+#: storage is refused by readers that ignore the offset (``torch.set_rng_state``).
+COPIED_BELOW = 1 << 20
 _FORMAT = "sparktrain-part-1"
 
 
@@ -63,7 +66,7 @@ def mapped(path: str | os.PathLike[str]) -> dict[int, Any]:
 
     For a part in memory (``/dev/shm``): the tensors are views of the file's pages, mapped
     privately, so that a change to them never reaches the file; they stay valid after the
-    file is removed.
+    file is removed. Tensors under :data:`COPIED_BELOW` bytes are copied out.
     """
     import torch
 
@@ -77,7 +80,10 @@ def mapped(path: str | os.PathLike[str]) -> dict[int, Any]:
         if first + entry["nbytes"] > size:
             raise ValueError(f"the checkpoint part {path} ends inside tensor {entry['index']}")
         data = whole[first : first + entry["nbytes"]].view(getattr(torch, entry["dtype"]))
-        tensors[int(entry["index"])] = data.reshape(entry["shape"])
+        data = data.reshape(entry["shape"])
+        if entry["nbytes"] < COPIED_BELOW:  # its own storage: some readers ignore the offset
+            data = data.clone()
+        tensors[int(entry["index"])] = data
     return tensors
 
 

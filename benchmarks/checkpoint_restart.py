@@ -40,7 +40,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import log, print_machine, report_leftovers
-from checkpoint import _state, _tensors
+from checkpoint import _state, _tensors, state_arguments
 
 
 def _digest(state: Any) -> str:
@@ -81,7 +81,7 @@ def rank_body(folder: str, layers: int, width: int) -> dict[str, Any]:
         _model, _optimizer, state = _state(layers, width)
         started = time.perf_counter()
         checkpoint.save(state, folder, 1, replicas=1)
-        checkpoint.wait()
+        checkpoint.wait(in_memory=True)
         sparktrain.report(step=1, digest=_digest(state), saved=time.perf_counter() - started)
         time.sleep(600)  # node 1 is killed; this attempt ends with it
         return {}
@@ -117,9 +117,7 @@ def rank_body(folder: str, layers: int, width: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--width", type=int, default=4096)
-    parser.add_argument("--dir", default=None, help="where checkpoints go (a temporary folder)")
+    state_arguments(parser)
     args = parser.parse_args()
     from sparktrain import LocalCluster, launch
 

@@ -51,7 +51,7 @@ def _train(ckpt_dir: str) -> dict[str, Any]:
                 p.add_(step)
         state = model.state_dict()
         checkpoint.save(state, ckpt_dir, step, replicas=1)
-        checkpoint.wait()  # published, and in both nodes' memory
+        checkpoint.wait(in_memory=True)  # published, and in both nodes' memory
         sparktrain.report(step=step, digest=_digest(state))
     time.sleep(120)  # node 1 is killed meanwhile; this attempt ends with it
     return {}
@@ -152,6 +152,49 @@ def test_a_newer_checkpoint_replaces_the_kept_one_and_a_stale_copy_is_never_read
     kept.rename(kept.with_name("00000008-0123456789abcdef"))  # the right step, not its token
     loaded = checkpoint.load_latest(tmp_path / "ckpt")
     assert loaded is not None and loaded.state["epoch"] == 5 and set(loaded.read) == {"storage"}
+
+
+def test_wait_ends_at_publication_and_only_the_next_save_waits_for_the_memory_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    import torch
+
+    from sparktrain.rank.checkpoints import memory, writer
+    from sparktrain.rank.checkpoints.storage import storage_for
+
+    folder = _memory_here(tmp_path, monkeypatch)
+    store = storage_for(tmp_path / "ckpt", None)  # read as another process would: no waiting
+    copying, release = threading.Event(), threading.Event()
+    keep = memory.keep
+
+    def held_keep(*args: Any, **kwargs: Any) -> None:  # the node's copy, held until released
+        copying.set()
+        release.wait()
+        keep(*args, **kwargs)
+
+    monkeypatch.setattr(memory, "keep", held_keep)
+    state = {"w": torch.arange(300_000, dtype=torch.float32)}
+    checkpoint.save(state, tmp_path / "ckpt", 1)
+    assert copying.wait(120)  # published: the memory copy began
+    checkpoint.wait()  # returns while the copy is held
+    assert store.steps() == [1]
+    assert writer.WRITER.busy() and not list(folder.glob("*/*/*.bin"))
+    kept = threading.Thread(target=checkpoint.wait, kwargs={"in_memory": True})
+    second = threading.Thread(target=checkpoint.save, args=(state, tmp_path / "ckpt", 2))
+    kept.start()
+    second.start()
+    second.join(1.0)
+    assert kept.is_alive() and second.is_alive()  # the staged buffers are still being copied
+    assert store.steps() == [1]
+    release.set()
+    for thread in (kept, second):
+        thread.join(120)
+        assert not thread.is_alive()
+    writer.WRITER.join()
+    assert checkpoint.latest_step(tmp_path / "ckpt") == 2
+    assert [p.parent.name[:8] for p in folder.glob("*/*/*.bin")] == ["00000002"]
 
 
 def test_replicas_must_be_0_or_1(tmp_path: Path) -> None:

@@ -223,10 +223,10 @@ def _record_failure(req: RankRequest, exc: BaseException, message: str | None = 
 
 
 def _checkpoints_published() -> None:
-    """Wait for a checkpoint still being written (its failure fails the rank)."""
+    """Wait for a checkpoint still being written and kept (its failure fails the rank)."""
     writer = sys.modules.get("sparktrain.rank.checkpoints.writer")
     if writer is not None:
-        writer.WRITER.wait()
+        writer.WRITER.settle()
 
 
 def _announce(status_fd: int, code: int) -> None:

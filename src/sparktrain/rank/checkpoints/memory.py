@@ -126,11 +126,15 @@ def exchange(found: Any, storage: Any, step: int, token: str, names: list[str]) 
     own files and its previous node's. Where that would send to a rank of the same node (the
     ranks of a node not numbered in a row, after an in-place resize), no rank sends. Whatever
     fails on a rank, it still takes its part in every exchange, so no peer is left waiting.
+    Nothing is exchanged where the nodes keep no memory (the same on every node of a run) or
+    the world is one node.
     """
     import torch
     import torch.distributed as dist
 
     local = max(env.contract_int("LOCAL_WORLD_SIZE", 1), 1)
+    if env.checkpoint_memory() is None or found.size <= local:
+        return
     nodes: list[Any] = [None] * found.size
     dist.all_gather_object(nodes, env.contract_int("NODE_RANK", 0), group=found.write)
     to, source = (found.rank + local) % found.size, (found.rank - local) % found.size

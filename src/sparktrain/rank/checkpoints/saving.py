@@ -26,11 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Literal
 
-from sparktrain.contract import env
 from sparktrain.ground.errors import PEERS_OWN_ERROR, CheckpointError, GrowBack
 from sparktrain.rank.checkpoints import coordinate, memory, parts, staging
 from sparktrain.rank.checkpoints.storage import Storage, storage_for
-from sparktrain.rank.checkpoints.writer import WRITER, Job
+from sparktrain.rank.checkpoints.writer import WRITER, After, Job
 
 _STAGER = staging.Stager()
 _DCP_CACHE: dict[str, Any] = {}
@@ -106,7 +105,7 @@ def save(
     )
     if agreed.busy and if_busy == "skip" and not agreed.grow:
         return None
-    WRITER.wait()  # back-pressure: the buffers are the previous checkpoint's until it is written
+    WRITER.settle()  # back-pressure: the buffers are the previous checkpoint's until it is kept
     target = _Target(storage, step, keep, found, rank, size, agreed.token, copies)
     try:
         job = _dcp_job(state, target) if flat is None else _parts_job(flat, target, agreed.alike)
@@ -126,9 +125,18 @@ def save(
     return where
 
 
-def wait() -> None:
-    """Block until this rank's latest checkpoint is published; raise if its write failed."""
-    WRITER.wait()
+def wait(*, in_memory: bool = False) -> None:
+    """Block until this rank's latest checkpoint is published; raise if its write failed.
+
+    Args:
+        in_memory: Also wait until the node keeps it in memory (and, with ``replicas=1``, its
+            neighbour node too): a save makes that copy after the publication, and the next
+            save waits for it anyway.
+    """
+    if in_memory:
+        WRITER.settle()
+    else:
+        WRITER.wait()
 
 
 def _check(step: int, keep: int, if_busy: str) -> int:
@@ -199,12 +207,11 @@ def _parts_job(flat: staging.Flat, target: _Target, alike: bool) -> Job:
     def remember() -> None:  # once published: in this node's memory, and its neighbour's
         if target.replicas < 0:
             return
-        memory.keep(storage, step, token, files, need)
-        found = target.found
-        local = env.contract_int("LOCAL_WORLD_SIZE", 1)
-        nodes_keep = env.checkpoint_memory() is not None  # the same on every node of a run
-        if target.replicas > 0 and nodes_keep and found is not None and found.size > local:
-            memory.exchange(found, storage, step, token, list(files))
+        try:
+            memory.keep(storage, step, token, files, need)
+        finally:  # every rank takes its part in the exchange, whatever failed here
+            if target.replicas > 0 and target.found is not None:
+                memory.exchange(target.found, storage, step, token, list(files))
 
     manifest = {"format": "parts", "writers": writers, "token": token}
     return lambda: _write(target, write_mine, manifest, remember)
@@ -249,14 +256,14 @@ def _write(
     write_mine: Callable[[], None],
     manifest: dict[str, Any],
     remember: Callable[[], None] | None = None,
-) -> Callable[[], None] | None:
+) -> After:
     """The writer's job, the same three phases on every rank whatever fails.
 
     Rank 0 makes the temporary folder, every rank writes its part, rank 0 publishes; after each
     phase the ranks exchange whether it went well, so a failure anywhere stops every rank's job
-    at the same point (a rank that failed raises its own error, the others name it). Once the
-    checkpoint is published, ``remember`` keeps it in the node's memory (a failure there is said
-    on stderr, never raised). Returns what rank 0 does next: prune the old ones.
+    at the same point (a rank that failed raises its own error, the others name it). Returns
+    what follows the publication: ``remember`` (the node's memory copy, made from the staged
+    buffers; a failure there is said on stderr, never raised), then rank 0's pruning.
     """
     storage, step, rank, token = target.storage, target.step, target.rank, target.token
 
@@ -297,13 +304,16 @@ def _write(
             f"checkpoint step {step} was not published: rank(s) {failed} could not {what}; "
             f"the previous checkpoint is still the newest {PEERS_OWN_ERROR}"
         )
-    if remember is not None:
+
+    def kept() -> None:
         try:
-            remember()
+            if remember is not None:
+                remember()
         except Exception as exc:  # memory is a shortcut for restarts: storage has the checkpoint
             print(f"sparktrain: checkpoint step {step} is published but not kept in memory: "
                   f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)  # fmt: skip
-    return (lambda: storage.prune(target.keep)) if rank == 0 else None  # once published
+
+    return kept, (lambda: storage.prune(target.keep)) if rank == 0 else None
 
 
 def _keys(state: Any, prefix: str = "") -> list[str]:

@@ -13,6 +13,8 @@ and parameters must equal the reference's up to the order of the gradient sums.
 - FSDP2: each rank's shards, resharded on load by torch distributed checkpoint (unevenly too).
 - ZeRO-1/2/3 (DeepSpeed engines): ``engine.save_checkpoint`` converted to a DeepSpeed universal
   checkpoint, loaded with ``{"checkpoint": {"load_universal": True}}``.
+- ZeRO-2: each rank's fragments of its partitions through sparktrain's asynchronous sharded
+  format (``sharded_state`` and ``load_sharded_state``), resharded on load.
 """
 
 from __future__ import annotations
@@ -195,24 +197,34 @@ def _zero_full(model: Any, optimizer: Any) -> dict[str, Any]:
     return out
 
 
-def zero_train_or_resume(ckpt: str, strategy: str, universal: bool, seed: int) -> dict[str, Any]:
-    """ZeRO: resume from DeepSpeed's checkpoint in ``ckpt`` if there is one, else train and save.
+def zero_train_or_resume(ckpt: str, strategy: str, how: str, seed: int) -> dict[str, Any]:
+    """ZeRO: resume from the checkpoint in ``ckpt`` if there is one, else train and save one.
 
-    With ``universal``, rank 0 first converts the checkpoint to a universal one, which the engine
-    (built with ``load_universal``) loads; without, the engine loads DeepSpeed's own checkpoint.
+    ``how``: ``"universal"``: DeepSpeed's checkpoint, which rank 0 first converts to a universal
+    one, which the engine (built with ``load_universal``) loads; ``"deepspeed"``: the engine
+    loads DeepSpeed's own checkpoint; ``"sparktrain"``: ``sharded_state`` saved with
+    ``checkpoint.save(..., sharded=True)`` (asynchronous) and ``load_sharded_state``.
     """
     import torch.distributed as dist
 
     import sparktrain.strategies as st
+    from sparktrain import checkpoint
 
     dist.init_process_group("gloo")
-    resume = os.path.exists(os.path.join(ckpt, "latest"))
-    config = {"checkpoint": {"load_universal": True}} if resume and universal else {}
+    if how == "sparktrain":
+        resume = checkpoint.latest_step(ckpt) is not None
+    else:
+        resume = os.path.exists(os.path.join(ckpt, "latest"))
+    config = {"checkpoint": {"load_universal": True}} if resume and how == "universal" else {}
     model = st.prepare_model(_model(seed), strategy, deepspeed_config=config)
     optimizer = st.prepare_optimizer(torch.optim.Adam(model.parameters(), lr=LR), model)
     fresh = st.full_state_dict(model)
-    if resume:
-        if universal:
+    rescaled: list[tuple[int, int]] = []
+    if resume and how == "sparktrain":
+        on_rescale = lambda old, new: rescaled.append((old, new))  # noqa: E731
+        assert st.load_sharded_state(model, optimizer, ckpt, on_rescale=on_rescale) is not None
+    elif resume:
+        if how == "universal":
             if dist.get_rank() == 0:
                 st.to_universal(Path(ckpt, f"step{STEPS}"))
             dist.barrier()
@@ -221,12 +233,15 @@ def zero_train_or_resume(ckpt: str, strategy: str, universal: bool, seed: int) -
     else:
         for step in range(STEPS):
             _step(model, optimizer, step)
-        model.engine.save_checkpoint(ckpt, tag=f"step{STEPS}")
+        if how == "sparktrain":
+            checkpoint.save(st.sharded_state(model, optimizer), ckpt, STEPS, sharded=True)
+        else:
+            model.engine.save_checkpoint(ckpt, tag=f"step{STEPS}")
     at = _zero_full(model, optimizer)
     loss = _step(model, optimizer, STEPS)
     after = st.full_state_dict(model)
     dist.destroy_process_group()
-    return {"fresh": fresh, "at": at, "loss": loss, "after": after}
+    return {"fresh": fresh, "at": at, "loss": loss, "after": after, "rescaled": rescaled}
 
 
 @pytest.mark.parametrize(
@@ -238,7 +253,7 @@ def test_zero_resumes_at_another_world_size_through_a_universal_checkpoint(
 ) -> None:
     pytest.importorskip("deepspeed")
     reference, resumed = _two_runs(
-        zero_train_or_resume, (str(tmp_path), strategy, True), saved_at, loaded_at
+        zero_train_or_resume, (str(tmp_path), strategy, "universal"), saved_at, loaded_at
     )
     partitions = list((tmp_path / f"step{STEPS}").glob("*optim_states.pt"))
     assert len(partitions) == saved_at  # one optimizer partition per rank that saved
@@ -251,19 +266,46 @@ def test_zero_resumes_at_another_world_size_through_a_universal_checkpoint(
 
 def test_a_zero_checkpoint_alone_loads_only_at_its_own_world_size(tmp_path: Path) -> None:
     pytest.importorskip("deepspeed")
-    launch(zero_train_or_resume, (str(tmp_path), "zero2", False, 0), num_processes=2, use_gpu=False)
+    launch(
+        zero_train_or_resume,
+        (str(tmp_path), "zero2", "deepspeed", 0),
+        num_processes=2,
+        use_gpu=False,
+    )
     with pytest.raises(
         TrainingFailedError, match="used a DP world size of 2 but the current world"
     ):
         launch(
-            zero_train_or_resume, (str(tmp_path), "zero2", False, 1), num_processes=1, use_gpu=False
+            zero_train_or_resume,
+            (str(tmp_path), "zero2", "deepspeed", 1),
+            num_processes=1,
+            use_gpu=False,
         )
 
 
-def test_a_zero_model_is_refused_by_the_sharded_state() -> None:
+def test_zero2_resumes_at_another_world_size_from_sparktrains_sharded_format(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("deepspeed")
+    reference, resumed = _two_runs(
+        zero_train_or_resume, (str(tmp_path), "zero2", "sparktrain"), 4, 2
+    )
+    (saved,) = list(tmp_path.glob("step-*"))
+    assert len(list(saved.glob("*.distcp"))) == 4  # every rank wrote its own fragments
+    assert reference["at"]["adam_steps"] == [float(STEPS)]
+    for got in resumed.values():
+        assert got["rescaled"] == [(4, 2)]
+        assert got["at"]["engine_steps"] == STEPS
+        _continues_exactly(reference, got)
+
+
+def test_a_zero3_model_or_one_without_its_engine_is_refused_by_the_sharded_state() -> None:
     from sparktrain import ConfigError
     from sparktrain.strategies import reshard, zero
 
-    model = zero.ZeroModel(nn.Linear(2, 2), {})
-    with pytest.raises(ConfigError, match="to_universal"):
-        reshard.sharded_state(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    stage3 = zero.ZeroModel(nn.Linear(2, 2), {"zero_optimization": {"stage": 3}})
+    with pytest.raises(ConfigError, match=r"ZeRO-3 model's state .*to_universal"):
+        reshard.sharded_state(stage3, torch.optim.SGD(stage3.parameters(), lr=0.1))
+    stage2 = zero.ZeroModel(nn.Linear(2, 2), {"zero_optimization": {"stage": 2}})
+    with pytest.raises(ConfigError, match=r"no engine yet: call .*prepare_optimizer"):
+        reshard.load_sharded_state(stage2, None, "/nowhere")

@@ -6,8 +6,11 @@
   newest such checkpoint at any world size: torch distributed checkpoint reshards each tensor
   onto the current ranks (unevenly where the sizes do not divide). A DDP model's full state
   saved by rank 0 (``checkpoint.save(state, directory, step)``) loads at any size as it is.
-- The DeepSpeed ZeRO strategies: a checkpoint written by ``engine.save_checkpoint`` holds each
-  data-parallel rank's flat partitions and loads only at the size it was saved at.
+- ZeRO-1 and ZeRO-2: the same two calls; each rank's fragments of the fp32 master parameters and
+  of the optimizer's state are written and loaded in place, at any world size
+  (:mod:`~sparktrain.strategies.zero_state`).
+- Every ZeRO stage (ZeRO-3 alone this way): a checkpoint written by ``engine.save_checkpoint``
+  holds each data-parallel rank's flat partitions and loads only at the size it was saved at.
   :func:`to_universal` converts it into a DeepSpeed universal checkpoint (one file per parameter
   and state), which an engine built with ``deepspeed_config={"checkpoint": {"load_universal":
   True}}`` loads with ``engine.load_checkpoint(directory)`` at any size.
@@ -20,35 +23,30 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sparktrain.ground.errors import ConfigError
 from sparktrain.rank.checkpoint import Checkpoint, latest_step, load_latest
-from sparktrain.strategies import zero
-
-
-def _torch_module(model: Any) -> Any:
-    if isinstance(model, zero.ZeroModel):
-        raise ConfigError(
-            "a ZeRO model's state lives in its DeepSpeed engine: save it with "
-            "model.engine.save_checkpoint(...) and load it at another world size through "
-            "sparktrain.strategies.reshard.to_universal(...)."
-        )
-    return model
+from sparktrain.strategies import zero, zero_state
 
 
 def sharded_state(model: Any, optimizer: Any) -> dict[str, Any]:
     """``{"model": ..., "optim": ...}``: this rank's shards, to save with ``sharded=True``.
 
-    A collective for FSDP: call it on every rank. On an optimizer that has not stepped yet, torch
-    initialises the state with a step at learning rate 0 (Adam's step count becomes 1): build it
-    for saving after training, and let :func:`load_sharded_state` build it for loading.
+    A collective for FSDP and ZeRO: call it on every rank. A ZeRO-1/2 model gives its engine's
+    fragments instead (:func:`~sparktrain.strategies.zero_state.zero_state`); ZeRO-3 raises a
+    :class:`~sparktrain.ConfigError` naming DeepSpeed's own checkpoints. On an optimizer that
+    has not stepped yet, torch initialises the state with a step at learning rate 0 (Adam's
+    step count becomes 1): build it for saving after training, and let
+    :func:`load_sharded_state` build it for loading.
 
     Args:
-        model: What ``prepare_model(..., "ddp" | "fsdp")`` returned.
-        optimizer: The torch optimizer over its parameters.
+        model: What ``prepare_model(..., "ddp" | "fsdp" | "zero1" | "zero2")`` returned.
+        optimizer: The torch optimizer over its parameters (for ZeRO, what
+            ``prepare_optimizer`` returned).
     """
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    model_state, optim_state = get_state_dict(_torch_module(model), optimizer)
+    if isinstance(model, zero.ZeroModel):
+        return zero_state.zero_state(model, optimizer)
+    model_state, optim_state = get_state_dict(model, optimizer)
     return {"model": model_state, "optim": optim_state}
 
 
@@ -65,8 +63,9 @@ def load_sharded_state(
     ``None`` when ``directory`` holds no complete checkpoint.
 
     Args:
-        model: What ``prepare_model(..., "ddp" | "fsdp")`` returned.
-        optimizer: The torch optimizer over its parameters.
+        model: What ``prepare_model(..., "ddp" | "fsdp" | "zero1" | "zero2")`` returned.
+        optimizer: The torch optimizer over its parameters (for ZeRO, what
+            ``prepare_optimizer`` returned).
         directory: The checkpoint folder given to ``checkpoint.save``.
         on_rescale: ``on_rescale(old_world_size, new_world_size)``, as for
             :func:`sparktrain.checkpoint.load_latest`.
@@ -77,12 +76,14 @@ def load_sharded_state(
     """
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
+    if isinstance(model, zero.ZeroModel):
+        return zero_state.load_zero_state(model, optimizer, directory, on_rescale=on_rescale)
     if latest_step(directory) is None:
         return None
     state = sharded_state(model, optimizer)  # where each shard of this world size goes
     loaded = load_latest(directory, into=state, on_rescale=on_rescale)
     set_state_dict(
-        _torch_module(model),
+        model,
         optimizer,
         model_state_dict=state["model"],
         optim_state_dict=state["optim"],

@@ -104,8 +104,13 @@ def load_latest(
                 "state dict> to load it in place, at this run's world size"
             )
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-        dcp.load(into, **storage.dcp_reader(step))  # type: ignore[attr-defined]
+        # A sharded tensor with no shard on this rank (a ZeRO fragment held elsewhere) stays a
+        # key of its own: dropped, torch would take the checkpoint for one older than 2.4 and
+        # look up every other key in that format.
+        planner = DefaultLoadPlanner(flatten_sharded_tensors=False)
+        dcp.load(into, planner=planner, **storage.dcp_reader(step))  # type: ignore[attr-defined]
         state = into
         read: dict[str, int] = {}
     elif manifest.get("format") == "parts":

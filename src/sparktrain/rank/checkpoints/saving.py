@@ -330,4 +330,6 @@ def _on_gpu(state: Any) -> bool:
 
     if isinstance(state, dict):
         return any(_on_gpu(value) for value in state.values())
+    if hasattr(state, "local_shards"):  # a ShardedTensor (a ZeRO partition's fragments)
+        return any(shard.tensor.is_cuda for shard in state.local_shards())
     return isinstance(state, torch.Tensor) and state.is_cuda

@@ -1,7 +1,8 @@
 """Recovery from memory: a restart loads the newest checkpoint from the survivors' host memory.
 
-On a ``LocalCluster`` of 2 real node processes, both ranks save (every rank its share) and keep
-their files in their node's memory folder, and with ``replicas=1`` send them to the other node.
+On a ``LocalCluster`` of 2 real node processes, both ranks save (every rank its share, or its
+DCP files with ``sharded=True``) and keep their files in their node's memory folder, and with
+``replicas=1`` send them to the other node.
 Node 1 is SIGKILLed (its memory goes with it); the elastic run restarts on node 0 alone, which
 loads every file from its own memory: no byte from storage, the state equal bit for bit.
 """
@@ -34,30 +35,34 @@ def _digest(state: dict[str, Any]) -> str:
     return hasher.hexdigest()
 
 
-def _train(ckpt_dir: str) -> dict[str, Any]:
+def _train(ckpt_dir: str, sharded: bool) -> dict[str, Any]:
     """Save steps 1..3 (then hold until killed); after a restart, load and report the digest."""
     import torch
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
-    latest = checkpoint.load_latest(ckpt_dir)
-    if latest is not None:
-        return {"step": latest.step, "read": latest.read, "digest": _digest(latest.state)}
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.Linear(WIDTH, WIDTH))
+    into = {k: torch.zeros_like(v) for k, v in model.state_dict().items()} if sharded else None
+    latest = checkpoint.load_latest(ckpt_dir, into=into)
+    if latest is not None:
+        return {"step": latest.step, "read": latest.read, "digest": _digest(latest.state)}
     for step in (1, 2, 3):
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(step)
         state = model.state_dict()
-        checkpoint.save(state, ckpt_dir, step, replicas=1)
+        checkpoint.save(state, ckpt_dir, step, replicas=1, sharded=sharded)
         checkpoint.wait(in_memory=True)  # published, and in both nodes' memory
         sparktrain.report(step=step, digest=_digest(state))
     time.sleep(120)  # node 1 is killed meanwhile; this attempt ends with it
     return {}
 
 
-def test_a_restart_after_a_lost_node_loads_from_the_survivors_memory(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sharded", [False, True], ids=["replicated", "sharded"])
+def test_a_restart_after_a_lost_node_loads_from_the_survivors_memory(
+    tmp_path: Path, sharded: bool
+) -> None:
     cluster = LocalCluster(nodes=2)
     saved: dict[int, str] = {}
 
@@ -70,7 +75,7 @@ def test_a_restart_after_a_lost_node_loads_from_the_survivors_memory(tmp_path: P
 
     result = launch(
         _train,
-        (str(tmp_path / "ckpt"),),
+        (str(tmp_path / "ckpt"), sharded),
         num_processes=2,
         backend=cluster,
         min_processes=1,
@@ -81,7 +86,7 @@ def test_a_restart_after_a_lost_node_loads_from_the_survivors_memory(tmp_path: P
     value = result.value
     assert value["step"] == 3 and value["digest"] == saved[3]
     assert value["read"].get("storage", 0) == 0  # node 1's share came from node 0's copy
-    assert value["read"]["memory"] > 2 * WIDTH * WIDTH * 4  # both shares, and the skeleton
+    assert value["read"]["memory"] > 2 * WIDTH * WIDTH * 4  # both ranks' files
     assert cluster.node_pids() == {}
     assert not _memory_folders(), "the run's end removes every node's memory"
 

@@ -8,9 +8,11 @@ world size) and the single ``state.pt`` of checkpoints written before saves were
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from typing import Any
 from sparktrain.contract import env
 from sparktrain.rank import reporting
 from sparktrain.rank.checkpoints import coordinate, memory, parts, staging
+from sparktrain.rank.checkpoints.names import MANIFEST
 from sparktrain.rank.checkpoints.storage import LocalStorage, Storage, storage_for
 from sparktrain.rank.checkpoints.writer import WRITER
 
@@ -110,9 +113,10 @@ def load_latest(
         # key of its own: dropped, torch would take the checkpoint for one older than 2.4 and
         # look up every other key in that format.
         planner = DefaultLoadPlanner(flatten_sharded_tensors=False)
-        dcp.load(into, planner=planner, **storage.dcp_reader(step))  # type: ignore[attr-defined]
-        state = into
-        read: dict[str, int] = {}
+        with _dcp_files(storage, step, manifest.get("token")) as (where, files):
+            dcp.load(into, planner=planner, **where)  # type: ignore[attr-defined]
+        files.said()
+        state, read = into, files.read_bytes()
     elif manifest.get("format") == "parts":
         state, read = _load_parts(storage, step, manifest, map_location, weights_only)
     elif isinstance(storage, LocalStorage):  # written before saves were asynchronous
@@ -187,6 +191,29 @@ class _Files:
         for source, size in self.sources.values():
             read[source] = read.get(source, 0) + size
         return read
+
+
+@contextlib.contextmanager
+def _dcp_files(storage: Storage, step: int, token: Any) -> Iterator[tuple[dict[str, Any], _Files]]:
+    """Where ``torch.distributed.checkpoint`` reads a sharded checkpoint, and what from where.
+
+    With a node memory that holds some of its files (a local folder's checkpoint): a folder of
+    links, each to the node's copy where it holds one, else to storage's file. Otherwise the
+    checkpoint in storage as it is.
+    """
+    files = _Files(storage, step, token)
+    if not isinstance(storage, LocalStorage) or env.checkpoint_memory() is None:
+        yield storage.dcp_reader(step), files
+        return
+    folder = storage.readable(step)
+    with tempfile.TemporaryDirectory(prefix="sparktrain-dcp-") as view:
+        for path in sorted(folder.iterdir()):
+            kept = memory.held(storage, step, files.token, path.name)
+            Path(view, path.name).symlink_to(kept or path)
+            if path.name != MANIFEST:
+                source = "memory" if kept is not None else "storage"
+                files.sources[path.name] = (source, (kept or path).stat().st_size)
+        yield {"checkpoint_id": view}, files
 
 
 def _load_parts(

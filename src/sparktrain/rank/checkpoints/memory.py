@@ -2,14 +2,16 @@
 
 Where the node offers a memory folder (``SPARKTRAIN_CHECKPOINT_MEMORY``: on the local backend and
 on a ``LocalCluster``, whose folders outlive the run's attempts; see
-:mod:`sparktrain.node.memory`), every rank keeps the files it wrote of the newest replicated
-checkpoint there once it is published: its part (rank 0: the skeleton too), under
+:mod:`sparktrain.node.memory`), every rank keeps the files it wrote of the newest checkpoint
+there once it is published: its part (rank 0: the skeleton too), or its DCP files of a sharded
+one saved to a local path (rank 0: the metadata too), under
 ``<folder>/<store>/<step>-<token>/``, where ``<store>`` names the checkpoint directory. With
 ``replicas=1`` it also sends them to the rank of its local rank on the next node, which keeps
 them beside its own, so that a lost node's files survive on its neighbour.
 
 A restart reads each file from its node's memory where it is there (and was written by the
-published checkpoint's save: the token says so), and from storage otherwise. Rank 0 prints one
+published checkpoint's save: the token says so), and from storage otherwise (a sharded one
+through a folder of links, each to the node's copy or to storage's file). Rank 0 prints one
 line saying which files came from where. Keeping and sending never fail a checkpoint: a failure
 is said on stderr and the checkpoint stays in storage alone.
 """

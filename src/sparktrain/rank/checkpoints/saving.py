@@ -11,28 +11,29 @@ checkpoint (its manifest last, then one rename) and prunes old ones. Formats, by
   :func:`~sparktrain.rank.checkpoints.staging.assign` gives it (rank 0: the small ones too) as
   ``part-00001.bin`` (:mod:`~sparktrain.rank.checkpoints.parts`).
 - ``dcp``: a sharded state (``sharded=True``: FSDP, ZeRO), written by every rank with
-  ``torch.distributed.checkpoint``, so that it loads again at any world size.
+  ``torch.distributed.checkpoint``, so that it loads again at any world size
+  (:mod:`~sparktrain.rank.checkpoints.sharded`).
+
+Both jobs run the same phases (:mod:`~sparktrain.rank.checkpoints.phases`), then keep the
+checkpoint in the node's memory (:mod:`~sparktrain.rank.checkpoints.memory`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import io
 import operator
 import os
-import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Literal
 
-from sparktrain.ground.errors import PEERS_OWN_ERROR, CheckpointError, GrowBack
-from sparktrain.rank.checkpoints import coordinate, memory, parts, staging
-from sparktrain.rank.checkpoints.storage import Storage, storage_for
-from sparktrain.rank.checkpoints.writer import WRITER, After, Job
+from sparktrain.ground.errors import CheckpointError, GrowBack
+from sparktrain.rank.checkpoints import coordinate, memory, parts, phases, staging
+from sparktrain.rank.checkpoints import sharded as dcp_format
+from sparktrain.rank.checkpoints.storage import storage_for
+from sparktrain.rank.checkpoints.writer import WRITER, Job
 
 _STAGER = staging.Stager()
-_DCP_CACHE: dict[str, Any] = {}
 
 
 def save(
@@ -76,8 +77,8 @@ def save(
         replicas: Where the node keeps the newest checkpoint in host memory (the local backend,
             a ``LocalCluster``): ``1`` also sends each rank's files to the next node, so that a
             restart after a lost node loads from the survivors' memory; ``0`` keeps each
-            node's own files only. ``None``: 1 in an elastic run, else 0. Replicated states
-            only (not ``sharded``).
+            node's own files only. ``None``: 1 in an elastic run, else 0. A sharded state is
+            kept where ``directory`` is a local path (not an object store's URL).
         in_memory: Keep the checkpoint in the node's memory at all (``False``: storage only,
             and a restart reads storage).
 
@@ -106,11 +107,15 @@ def save(
     if agreed.busy and if_busy == "skip" and not agreed.grow:
         return None
     WRITER.settle()  # back-pressure: the buffers are the previous checkpoint's until it is kept
-    target = _Target(storage, step, keep, found, rank, size, agreed.token, copies)
+    target = phases.Target(storage, step, keep, found, rank, size, agreed.token, copies)
     try:
-        job = _dcp_job(state, target) if flat is None else _parts_job(flat, target, agreed.alike)
+        job = (
+            dcp_format.job(state, target)
+            if flat is None
+            else _parts_job(flat, target, agreed.alike)
+        )
     except Exception as exc:  # this rank cannot stage: its writer still meets the others'
-        WRITER.run(_failed_job(target, exc))
+        WRITER.run(phases.failed_job(target, exc))
         raise CheckpointError(
             f"checkpoint step {step} was not published: rank {rank} could not stage its part: "
             f"{type(exc).__name__}: {exc}"
@@ -162,21 +167,7 @@ def _groups() -> coordinate.Groups | None:
     return coordinate.groups()
 
 
-@dataclass(frozen=True)
-class _Target:
-    """Where one checkpoint goes, and who writes it."""
-
-    storage: Storage
-    step: int
-    keep: int
-    found: coordinate.Groups | None
-    rank: int
-    size: int
-    token: str
-    replicas: int = 0  # -1: nothing in memory
-
-
-def _parts_job(flat: staging.Flat, target: _Target, alike: bool) -> Job:
+def _parts_job(flat: staging.Flat, target: phases.Target, alike: bool) -> Job:
     import torch
 
     rank, step = target.rank, target.step
@@ -214,122 +205,4 @@ def _parts_job(flat: staging.Flat, target: _Target, alike: bool) -> Job:
                 memory.exchange(target.found, storage, step, token, list(files))
 
     manifest = {"format": "parts", "writers": writers, "token": token}
-    return lambda: _write(target, write_mine, manifest, remember)
-
-
-def _dcp_job(state: Any, target: _Target) -> Job:
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
-
-    found = target.found
-    assert found is not None
-    key = str(sorted(_keys(state)))  # names, shapes and dtypes: a changed tensor gets a new buffer
-    cached = _DCP_CACHE.get(key)
-    if cached is None:
-        _DCP_CACHE.clear()
-        cached = _create_cpu_state_dict(state, pin_memory=_on_gpu(state))
-        _DCP_CACHE[key] = cached
-    staged = _copy_state_dict(state, cached, non_blocking=False)
-
-    def write_mine() -> None:
-        where = target.storage.dcp_writer(target.step, target.token)
-        dcp.save(staged, process_group=found.write, **where)  # type: ignore[attr-defined]
-
-    return lambda: _write(target, write_mine, {"format": "dcp"})
-
-
-def _failed_job(target: _Target, error: Exception) -> Job:
-    """The job of a rank that could not stage: it fails its write, so every rank stops alike."""
-
-    def fail() -> None:
-        raise error
-
-    def job() -> None:
-        with contextlib.suppress(CheckpointError):  # the caller raises this rank's own error
-            _write(target, fail, {})
-
-    return job
-
-
-def _write(
-    target: _Target,
-    write_mine: Callable[[], None],
-    manifest: dict[str, Any],
-    remember: Callable[[], None] | None = None,
-) -> After:
-    """The writer's job, the same three phases on every rank whatever fails.
-
-    Rank 0 makes the temporary folder, every rank writes its part, rank 0 publishes; after each
-    phase the ranks exchange whether it went well, so a failure anywhere stops every rank's job
-    at the same point (a rank that failed raises its own error, the others name it). Returns
-    what follows the publication: ``remember`` (the node's memory copy, made from the staged
-    buffers; a failure there is said on stderr, never raised), then rank 0's pruning.
-    """
-    storage, step, rank, token = target.storage, target.step, target.rank, target.token
-
-    def publish() -> None:
-        storage.publish(step, token, {"world_size": target.size, **manifest})
-
-    phases: list[tuple[str, Callable[[], None], bool]] = [
-        ("prepare its folder", lambda: storage.prepare(step, token), rank == 0),
-        ("write its part", write_mine, True),
-        ("publish it", publish, rank == 0),
-    ]
-    for what, action, mine in phases:
-        error: BaseException | None = None
-        if mine:
-            try:
-                action()
-            except Exception as exc:
-                error = exc
-        try:
-            every = coordinate.all_ok(target.found, error is None)
-        except Exception as exc:  # a peer gone mid-exchange (gloo's own words kept)
-            raise CheckpointError(
-                f"checkpoint step {step} was not published: rank {rank} lost its peers after "
-                f"it tried to {what}: {type(exc).__name__}: {exc}; the previous checkpoint is "
-                "still the newest"
-            ) from exc
-        if all(every):
-            continue
-        if rank == 0 and what != "publish it":
-            storage.discard(step, token)
-        if error is not None:
-            raise CheckpointError(
-                f"checkpoint step {step} was not published: rank {rank} could not {what}: "
-                f"{type(error).__name__}: {error}; the previous checkpoint is still the newest"
-            ) from error
-        failed = ", ".join(str(r) for r, good in enumerate(every) if not good)
-        raise CheckpointError(
-            f"checkpoint step {step} was not published: rank(s) {failed} could not {what}; "
-            f"the previous checkpoint is still the newest {PEERS_OWN_ERROR}"
-        )
-
-    def kept() -> None:
-        try:
-            if remember is not None:
-                remember()
-        except Exception as exc:  # memory is a shortcut for restarts: storage has the checkpoint
-            print(f"sparktrain: checkpoint step {step} is published but not kept in memory: "
-                  f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)  # fmt: skip
-
-    return kept, (lambda: storage.prune(target.keep)) if rank == 0 else None
-
-
-def _keys(state: Any, prefix: str = "") -> list[str]:
-    if isinstance(state, dict):
-        return [k for key, value in state.items() for k in _keys(value, f"{prefix}{key}.")]
-    shape = getattr(state, "shape", None)
-    if shape is None:
-        return [prefix]
-    return [f"{prefix}:{tuple(shape)}:{getattr(state, 'dtype', '')}"]
-
-
-def _on_gpu(state: Any) -> bool:
-    import torch
-
-    if isinstance(state, dict):
-        return any(_on_gpu(value) for value in state.values())
-    if hasattr(state, "local_shards"):  # a ShardedTensor (a ZeRO partition's fragments)
-        return any(shard.tensor.is_cuda for shard in state.local_shards())
-    return isinstance(state, torch.Tensor) and state.is_cuda
+    return lambda: phases.run(target, write_mine, manifest, remember)

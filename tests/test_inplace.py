@@ -300,9 +300,11 @@ def _in_place_train(data_dir: str, log_dir: str, step_seconds: float, starts: in
         for batch in run.batches():
             loss = (model(batch["x"][:, None]) ** 2).mean()
             loss.backward()
+            ids = " ".join(str(int(i)) for i in batch["id"])
+            Path(log_dir, f"rank{me}.pending").write_text(ids)  # a kill may fall before its log
             if run.step():
                 out.write(f"{time.time():.6f} {run.world_size} ")
-                out.write(" ".join(str(int(i)) for i in batch["id"]) + "\n")
+                out.write(ids + "\n")
                 out.flush()
             sparktrain.report(step=run.steps, world=run.world_size, pid=os.getpid())
             time.sleep(step_seconds)
@@ -396,7 +398,16 @@ def test_node_0_may_go_too_since_the_driver_holds_the_store(tmp_path: Path) -> N
     assert killed and result.attempts == 1 and result.world_size == 2
     values = [result.return_values[r] for r in (1, 2)]
     assert values[0]["world"] == 2 and values[0]["weights"] == values[1]["weights"]
-    assert logged_rows(tmp_path / "logs") == list(range(ROWS))
+    rows = logged_rows(tmp_path / "logs")
+    logs = tmp_path / "logs"
+    at_three = [
+        line for line in (logs / "rank1.txt").read_text().splitlines() if line.split()[1] == "3"
+    ]
+    if len(at_three) > len((logs / "rank0.txt").read_text().splitlines()):
+        # node 0 was killed after its last step was committed everywhere, before its log line:
+        # those rows were trained (the survivors committed that step), so they count once
+        rows = sorted(rows + [int(i) for i in (logs / "rank0.pending").read_text().split()])
+    assert rows == list(range(ROWS))
     assert cluster.node_pids() == {}
 
 

@@ -92,6 +92,22 @@ def keep(
         _say_once(f"checkpoint step {step} is not kept in memory ({exc}); a restart reads storage")
 
 
+def remember(target: Any, files: dict[str, Callable[[IO[bytes]], Any]], need: int) -> None:
+    """Once ``target``'s checkpoint is published: :func:`keep` its ``files``, then exchange.
+
+    ``target`` is the save's target (its storage, step, token, groups and ``replicas``: -1
+    keeps nothing, 1 also sends the files to the next node). Every rank of the world takes its
+    part in the exchange whatever failed in keeping, so no peer is left waiting.
+    """
+    if target.replicas < 0:
+        return
+    try:
+        keep(target.storage, target.step, target.token, files, need)
+    finally:
+        if target.replicas > 0 and target.found is not None:
+            exchange(target.found, target.storage, target.step, target.token, list(files))
+
+
 #: What a node's memory folder leaves free on its file system: the larger of this and a tenth of
 #: it (``/dev/shm`` is shared with data loaders and NCCL; a 64 MB one keeps nothing).
 HEADROOM_BYTES = 64 << 20

@@ -195,14 +195,6 @@ def _parts_job(flat: staging.Flat, target: phases.Target, alike: bool) -> Job:
         for name, fill in files.items():
             storage.write(step, token, name, fill)
 
-    def remember() -> None:  # once published: in this node's memory, and its neighbour's
-        if target.replicas < 0:
-            return
-        try:
-            memory.keep(storage, step, token, files, need)
-        finally:  # every rank takes its part in the exchange, whatever failed here
-            if target.replicas > 0 and target.found is not None:
-                memory.exchange(target.found, storage, step, token, list(files))
-
     manifest = {"format": "parts", "writers": writers, "token": token}
-    return lambda: phases.run(target, write_mine, manifest, remember)
+    kept = lambda: memory.remember(target, files, need)  # noqa: E731 - once published
+    return lambda: phases.run(target, write_mine, manifest, kept)

@@ -41,18 +41,14 @@ def job(state: Any, target: phases.Target) -> Job:
         dcp.save(staged, process_group=found.write, **where)  # type: ignore[attr-defined]
 
     def remember() -> None:  # once published: this rank's files, read back from a local folder
-        storage, step, token = target.storage, target.step, target.token
-        if target.replicas < 0 or not isinstance(storage, LocalStorage):
+        storage = target.storage
+        if not isinstance(storage, LocalStorage):  # the same on every rank: nobody exchanges
             return
-        folder = storage.readable(step)
+        folder = storage.readable(target.step)
         mine = sorted(folder.glob(f"__{found.rank}_*.distcp"))
         mine += [folder / ".metadata"] if target.rank == 0 else []
         files = {path.name: _copy_of(path) for path in mine}
-        try:
-            memory.keep(storage, step, token, files, sum(p.stat().st_size for p in mine))
-        finally:  # every rank takes its part in the exchange, whatever failed here
-            if target.replicas > 0:
-                memory.exchange(found, storage, step, token, list(files))
+        memory.remember(target, files, sum(path.stat().st_size for path in mine))
 
     manifest = {"format": "dcp", "token": target.token}
     return lambda: phases.run(target, write_mine, manifest, remember)

@@ -4,7 +4,9 @@ On a ``LocalCluster`` of 2 real node processes, both ranks save (every rank its 
 DCP files with ``sharded=True``) and keep their files in their node's memory folder, and with
 ``replicas=1`` send them to the other node.
 Node 1 is SIGKILLed (its memory goes with it); the elastic run restarts on node 0 alone, which
-loads every file from its own memory: no byte from storage, the state equal bit for bit.
+loads every file from its own memory: no byte from storage, the state equal bit for bit. On 3
+nodes the restart's 2 survivors first send each other what one lacks (node 1's files are on node
+2 alone), so neither reads storage either.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ def _train(ckpt_dir: str, sharded: bool) -> dict[str, Any]:
     into = {k: torch.zeros_like(v) for k, v in model.state_dict().items()} if sharded else None
     latest = checkpoint.load_latest(ckpt_dir, into=into)
     if latest is not None:
+        sparktrain.report(storage=latest.read.get("storage", 0), memory=latest.read["memory"])
         return {"step": latest.step, "read": latest.read, "digest": _digest(latest.state)}
     for step in (1, 2, 3):
         with torch.no_grad():
@@ -59,34 +62,47 @@ def _train(ckpt_dir: str, sharded: bool) -> dict[str, Any]:
     return {}
 
 
-@pytest.mark.parametrize("sharded", [False, True], ids=["replicated", "sharded"])
+@pytest.mark.parametrize(
+    ("nodes", "sharded"),
+    [(2, False), (2, True), (3, False), (3, True)],
+    ids=["2-replicated", "2-sharded", "3-replicated", "3-sharded"],
+)
 def test_a_restart_after_a_lost_node_loads_from_the_survivors_memory(
-    tmp_path: Path, sharded: bool
+    tmp_path: Path, nodes: int, sharded: bool
 ) -> None:
-    cluster = LocalCluster(nodes=2)
+    cluster = LocalCluster(nodes=nodes)
     saved: dict[int, str] = {}
+    kept: set[int] = set()
+    reads: dict[int, tuple[int, int]] = {}
 
     def on_report(rank: int, record: dict[str, Any]) -> None:
         metrics = record.get("metrics") or {}
-        if rank == 0 and "digest" in metrics:
+        if "storage" in metrics:
+            reads[rank] = (metrics["storage"], metrics["memory"])
+        if "digest" in metrics:
             saved[record["step"]] = metrics["digest"]
             if record["step"] == 3:
+                kept.add(rank)
+            if len(kept) == nodes:  # every node holds its files and its neighbour's
+                kept.clear()
                 cluster.kill_node(1)
 
     result = launch(
         _train,
         (str(tmp_path / "ckpt"), sharded),
-        num_processes=2,
+        num_processes=nodes,
         backend=cluster,
         min_processes=1,
         on_report=on_report,
         progress=False,
     )
-    assert [(r.cause, r.new_world_size) for r in result.rescales] == [("lost", 1)]
+    assert [(r.cause, r.new_world_size) for r in result.rescales] == [("lost", nodes - 1)]
     value = result.value
     assert value["step"] == 3 and value["digest"] == saved[3]
-    assert value["read"].get("storage", 0) == 0  # node 1's share came from node 0's copy
-    assert value["read"]["memory"] > 2 * WIDTH * WIDTH * 4  # both ranks' files
+    # node 1's files came from its neighbour's copy (sent on to the other survivor on 3 nodes)
+    assert sorted(reads) == list(range(nodes - 1))
+    assert all(storage == 0 for storage, _memory in reads.values()), reads
+    assert all(read > 2 * WIDTH * WIDTH * 4 for _storage, read in reads.values())
     assert cluster.node_pids() == {}
     assert not _memory_folders(), "the run's end removes every node's memory"
 
@@ -216,7 +232,7 @@ def test_no_room_in_memory_is_said_once_and_the_checkpoint_still_published(
 
     from sparktrain.rank.checkpoints import memory
 
-    write = memory._write
+    write = memory.write
 
     def full(path: Path, fill: Any) -> None:  # the device fills up in the middle of a file
         def cut(handle: Any) -> None:
@@ -225,7 +241,7 @@ def test_no_room_in_memory_is_said_once_and_the_checkpoint_still_published(
 
         write(path, cut)
 
-    monkeypatch.setattr(memory, "_write", full)
+    monkeypatch.setattr(memory, "write", full)
     monkeypatch.setattr(memory, "_SAID", set())
     folder = _memory_here(tmp_path, monkeypatch)
     for step in (1, 2):

@@ -20,6 +20,7 @@ import atexit
 import contextlib
 import datetime
 import faulthandler
+import functools
 import os
 import pickle
 import runpy
@@ -34,6 +35,7 @@ from typing import Any
 
 import cloudpickle
 
+from sparktrain.contract import env
 from sparktrain.contract.paths import error_path, payload_path, result_path, stack_path, wait_path
 from sparktrain.ground import procfs, proctree
 from sparktrain.launchplan.entrypoint import ScriptEntry
@@ -222,6 +224,15 @@ def _record_failure(req: RankRequest, exc: BaseException, message: str | None = 
         sys.stderr.write(tb)
 
 
+def _fetch_kept_checkpoint(req: RankRequest) -> None:
+    """On a restart, fetch the kept checkpoint files this node lacks from the survivors' memory."""
+    from sparktrain.rank.checkpoints import gather
+
+    if gather.needed():
+        connect = functools.partial(stores.contract_store, req.store_timeout)
+        gather.run(env.contract_rank(), env.contract_world_size(), connect, req.store_timeout)
+
+
 def _checkpoints_published() -> None:
     """Wait for a checkpoint still being written and kept (its failure fails the rank)."""
     writer = sys.modules.get("sparktrain.rank.checkpoints.writer")
@@ -290,6 +301,7 @@ def _run_and_record(req: RankRequest, fds: RankFds, caller: int) -> int:
         if not caller_alive(server=os.getppid(), caller=caller):
             os._exit(1)  # the caller died while this rank was being started: run nothing
         alias.add_finder()  # `import horovod.torch` works where Horovod is not installed
+        _fetch_kept_checkpoint(req)
         value = _run_entry(req)
         _checkpoints_published()
         if req.keep_value:

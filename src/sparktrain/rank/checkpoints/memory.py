@@ -9,8 +9,10 @@ one saved to a local path (rank 0: the metadata too), under
 ``replicas=1`` it also sends them to the rank of its local rank on the next node, which keeps
 them beside its own, so that a lost node's files survive on its neighbour.
 
-A restart reads each file from its node's memory where it is there (and was written by the
-published checkpoint's save: the token says so), and from storage otherwise (a sharded one
+A restart on several nodes first has each node fetch the files it lacks from a survivor's
+memory (:mod:`~sparktrain.rank.checkpoints.gather`). It reads each file from its node's memory
+where it is there (and was written by the published checkpoint's save: the token says so), and
+from storage otherwise (a sharded one
 through a folder of links, each to the node's copy or to storage's file). Rank 0 prints one
 line saying which files came from where. Keeping and sending never fail a checkpoint: a failure
 is said on stderr and the checkpoint stays in storage alone.
@@ -85,7 +87,7 @@ def keep(
         room(here.parent, need)
         here.mkdir(exist_ok=True)
         for name, fill in files.items():
-            _write(here / name, fill)
+            write(here / name, fill)
     except OSError as exc:  # no room (a small /dev/shm), or the node's folder is gone
         for name in files:  # this rank's files only: its peers on the node keep theirs
             (here / name).unlink(missing_ok=True)
@@ -113,10 +115,20 @@ def remember(target: Any, files: dict[str, Callable[[IO[bytes]], Any]], need: in
 HEADROOM_BYTES = 64 << 20
 
 
+def _spare(total: int) -> int:
+    return max(HEADROOM_BYTES, total // 10)
+
+
+def free(folder: Path) -> int:
+    """The bytes ``folder``'s file system can still take, its headroom left free."""
+    usage = shutil.disk_usage(folder)
+    return max(usage.free - _spare(usage.total), 0)
+
+
 def room(folder: Path, need: int) -> None:
     """Raise ``OSError`` unless ``need`` bytes fit in ``folder``'s file system with headroom."""
     usage = shutil.disk_usage(folder)
-    spare = max(HEADROOM_BYTES, usage.total // 10)
+    spare = _spare(usage.total)
     if usage.free - need < spare:
         raise OSError(
             f"{need / 1e9:.2f} GB would leave less than {spare / 1e9:.2f} GB free of "
@@ -124,7 +136,7 @@ def room(folder: Path, need: int) -> None:
         )
 
 
-def _write(path: Path, fill: Callable[[IO[bytes]], Any]) -> None:
+def write(path: Path, fill: Callable[[IO[bytes]], Any]) -> None:
     """Write a file whole or not at all (a reader never takes a cut one for complete)."""
     partial = path.with_name(f".{path.name}.partial")
     try:
@@ -186,7 +198,7 @@ def exchange(found: Any, storage: Any, step: int, token: str, names: list[str]) 
         return
     try:
         for name, data in _unpack(received).items():
-            _write(here / name, lambda handle, data=data: handle.write(data))  # type: ignore[misc]
+            write(here / name, lambda handle, data=data: handle.write(data))  # type: ignore[misc]
     except OSError as exc:
         for name in _unpack(received):
             (here / name).unlink(missing_ok=True)

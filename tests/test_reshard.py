@@ -13,8 +13,8 @@ and parameters must equal the reference's up to the order of the gradient sums.
 - FSDP2: each rank's shards, resharded on load by torch distributed checkpoint (unevenly too).
 - ZeRO-1/2/3 (DeepSpeed engines): ``engine.save_checkpoint`` converted to a DeepSpeed universal
   checkpoint, loaded with ``{"checkpoint": {"load_universal": True}}``.
-- ZeRO-2: each rank's fragments of its partitions through sparktrain's asynchronous sharded
-  format (``sharded_state`` and ``load_sharded_state``), resharded on load.
+- ZeRO-2 and ZeRO-3: each rank's fragments of its partitions through sparktrain's asynchronous
+  sharded format (``sharded_state`` and ``load_sharded_state``), resharded on load.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from sparktrain import TrainingFailedError, launch
 GLOBAL_BATCH = 12  # divides among 1, 2, 3 and 4 ranks
 STEPS = 2  # trained before the checkpoint
 LR = 1e-2
+PERSIST = "stage3_param_persistence_threshold"  # ZeRO-3 keeps smaller parameters whole
 
 
 def _model(seed: int) -> nn.Module:
@@ -215,7 +216,11 @@ def zero_train_or_resume(ckpt: str, strategy: str, how: str, seed: int) -> dict[
         resume = checkpoint.latest_step(ckpt) is not None
     else:
         resume = os.path.exists(os.path.join(ckpt, "latest"))
-    config = {"checkpoint": {"load_universal": True}} if resume and how == "universal" else {}
+    config: dict[str, Any] = {}
+    if resume and how == "universal":
+        config = {"checkpoint": {"load_universal": True}}
+    if strategy == "zero3-partitioned":  # no parameter kept whole on every rank
+        strategy, config = "zero3", {"zero_optimization": {"stage": 3, PERSIST: 0}}
     model = st.prepare_model(_model(seed), strategy, deepspeed_config=config)
     optimizer = st.prepare_optimizer(torch.optim.Adam(model.parameters(), lr=LR), model)
     fresh = st.full_state_dict(model)
@@ -283,29 +288,37 @@ def test_a_zero_checkpoint_alone_loads_only_at_its_own_world_size(tmp_path: Path
         )
 
 
-def test_zero2_resumes_at_another_world_size_from_sparktrains_sharded_format(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    ("strategy", "saved_at", "loaded_at"),
+    [
+        ("zero2", 4, 2),
+        ("zero3", 2, 3),  # at 3 ranks every partition is padded; these small parameters are
+        ("zero3-partitioned", 3, 2),  # kept whole on every rank unless told otherwise
+    ],
+)
+def test_zero_resumes_at_another_world_size_from_sparktrains_sharded_format(
+    tmp_path: Path, strategy: str, saved_at: int, loaded_at: int
 ) -> None:
     pytest.importorskip("deepspeed")
     reference, resumed = _two_runs(
-        zero_train_or_resume, (str(tmp_path), "zero2", "sparktrain"), 4, 2
+        zero_train_or_resume, (str(tmp_path), strategy, "sparktrain"), saved_at, loaded_at
     )
     (saved,) = list(tmp_path.glob("step-*"))
-    assert len(list(saved.glob("*.distcp"))) == 4  # every rank wrote its own fragments
+    assert len(list(saved.glob("*.distcp"))) == saved_at  # every rank wrote its own fragments
     assert reference["at"]["adam_steps"] == [float(STEPS)]
     for got in resumed.values():
-        assert got["rescaled"] == [(4, 2)]
+        assert got["rescaled"] == [(saved_at, loaded_at)]
         assert got["at"]["engine_steps"] == STEPS
         _continues_exactly(reference, got)
 
 
-def test_a_zero3_model_or_one_without_its_engine_is_refused_by_the_sharded_state() -> None:
+def test_a_zero0_model_or_one_without_its_engine_is_refused_by_the_sharded_state() -> None:
     from sparktrain import ConfigError
     from sparktrain.strategies import reshard, zero
 
+    stage0 = zero.ZeroModel(nn.Linear(2, 2), {"zero_optimization": {"stage": 0}})
+    with pytest.raises(ConfigError, match=r"ZeRO-0 model has no partitions .*full_state_dict"):
+        reshard.sharded_state(stage0, torch.optim.SGD(stage0.parameters(), lr=0.1))
     stage3 = zero.ZeroModel(nn.Linear(2, 2), {"zero_optimization": {"stage": 3}})
-    with pytest.raises(ConfigError, match=r"ZeRO-3 model's state .*to_universal"):
-        reshard.sharded_state(stage3, torch.optim.SGD(stage3.parameters(), lr=0.1))
-    stage2 = zero.ZeroModel(nn.Linear(2, 2), {"zero_optimization": {"stage": 2}})
     with pytest.raises(ConfigError, match=r"no engine yet: call .*prepare_optimizer"):
-        reshard.load_sharded_state(stage2, None, "/nowhere")
+        reshard.load_sharded_state(stage3, None, "/nowhere")

@@ -6,10 +6,10 @@
   newest such checkpoint at any world size: torch distributed checkpoint reshards each tensor
   onto the current ranks (unevenly where the sizes do not divide). A DDP model's full state
   saved by rank 0 (``checkpoint.save(state, directory, step)``) loads at any size as it is.
-- ZeRO-1 and ZeRO-2: the same two calls; each rank's fragments of the fp32 master parameters and
-  of the optimizer's state are written and loaded in place, at any world size
+- ZeRO-1, ZeRO-2 and ZeRO-3: the same two calls; each rank's fragments of the fp32 master
+  parameters and of the optimizer's state are written and loaded in place, at any world size
   (:mod:`~sparktrain.strategies.zero_state`).
-- Every ZeRO stage (ZeRO-3 alone this way): a checkpoint written by ``engine.save_checkpoint``
+- Every ZeRO stage, DeepSpeed's way: a checkpoint written by ``engine.save_checkpoint``
   holds each data-parallel rank's flat partitions and loads only at the size it was saved at.
   :func:`to_universal` converts it into a DeepSpeed universal checkpoint (one file per parameter
   and state), which an engine built with ``deepspeed_config={"checkpoint": {"load_universal":
@@ -30,15 +30,17 @@ from sparktrain.strategies import zero, zero_state
 def sharded_state(model: Any, optimizer: Any) -> dict[str, Any]:
     """``{"model": ..., "optim": ...}``: this rank's shards, to save with ``sharded=True``.
 
-    A collective for FSDP and ZeRO: call it on every rank. A ZeRO-1/2 model gives its engine's
-    fragments instead (:func:`~sparktrain.strategies.zero_state.zero_state`); ZeRO-3 raises a
-    :class:`~sparktrain.ConfigError` naming DeepSpeed's own checkpoints. On an optimizer that
+    A collective for FSDP and ZeRO: call it on every rank. A ZeRO model gives its engine's
+    fragments instead (:func:`~sparktrain.strategies.zero_state.zero_state`); one whose
+    optimizer state is swapped to NVMe raises a :class:`~sparktrain.ConfigError` naming
+    DeepSpeed's own checkpoints. On an optimizer that
     has not stepped yet, torch initialises the state with a step at learning rate 0 (Adam's
     step count becomes 1): build it for saving after training, and let
     :func:`load_sharded_state` build it for loading.
 
     Args:
-        model: What ``prepare_model(..., "ddp" | "fsdp" | "zero1" | "zero2")`` returned.
+        model: What ``prepare_model(..., "ddp" | "fsdp" | "zero1" | "zero2" | "zero3")``
+            returned.
         optimizer: The torch optimizer over its parameters (for ZeRO, what
             ``prepare_optimizer`` returned).
     """
@@ -63,7 +65,8 @@ def load_sharded_state(
     ``None`` when ``directory`` holds no complete checkpoint.
 
     Args:
-        model: What ``prepare_model(..., "ddp" | "fsdp" | "zero1" | "zero2")`` returned.
+        model: What ``prepare_model(..., "ddp" | "fsdp" | "zero1" | "zero2" | "zero3")``
+            returned.
         optimizer: The torch optimizer over its parameters (for ZeRO, what
             ``prepare_optimizer`` returned).
         directory: The checkpoint folder given to ``checkpoint.save``.

@@ -1,20 +1,22 @@
-"""A ZeRO-1 or ZeRO-2 engine's state as shards that load at any world size, with no gathering.
+"""A ZeRO engine's state as shards that load at any world size, with no gathering.
 
-DeepSpeed's ZeRO-1/2 optimizer holds, on each rank, one flat fp32 partition per parameter
-group and the optimizer's state over it (Adam's two moments); every module parameter has a
-fragment in one or two ranks' partitions, at a known offset of the flattened parameter
-(``param._hp_mapping``). :func:`zero_state` describes each parameter's fp32 master and state
-as a 1-D sharded tensor over those fragments, views of the partitions themselves, so that
+DeepSpeed's ZeRO optimizer holds, on each rank, flat fp32 partitions (one per parameter group,
+or per sub-group under ZeRO-3) and the optimizer's state over them (Adam's two moments); every
+module parameter has a fragment in one or more ranks' partitions, at a known offset of the
+flattened parameter: ZeRO-1/2 say where (``param._hp_mapping``); under ZeRO-3 each parameter is
+cut into equal partitions of its own (``param.ds_tensor``), rank ``r`` holding the ``r``-th.
+:func:`zero_state` describes each parameter's fp32 master and state as a 1-D sharded tensor
+over those fragments, views of the partitions themselves, so that
 ``checkpoint.save(state, directory, step, sharded=True)`` has every rank write its own
 fragments (torch distributed checkpoint's format, staged asynchronously like any sharded
 state). :func:`load_zero_state` describes the fragments of the current world the same way and
 loads into them in place: torch distributed checkpoint reads each fragment from whichever saved
 ones overlap it, so a checkpoint saved by 4 ranks loads on 2. The module's parameters are then
-gathered from the partitions (DeepSpeed's own ``update_lp_params``).
+made from the loaded partitions (ZeRO-1/2: DeepSpeed's ``update_lp_params``; ZeRO-3: each
+rank's parameter partitions copied from its fp32 ones, as DeepSpeed's own loading does).
 
-ZeRO-3 is not covered: its parameters live as partitions of their own (``ds_tensor``) under
-DeepSpeed's gathering hooks; it saves through DeepSpeed and
-:func:`sparktrain.strategies.reshard.to_universal`. Runs inside a rank.
+Not covered: ZeRO-3 with its optimizer state swapped to NVMe (the partitions are not in memory
+to be viewed). Runs inside a rank.
 """
 
 from __future__ import annotations
@@ -39,22 +41,33 @@ warnings.filterwarnings(
 )
 
 
+def _stage(model: zero.ZeroModel) -> int:
+    return int(model.config.get("zero_optimization", {}).get("stage", 0))
+
+
 def _optimizer_of(model: zero.ZeroModel) -> Any:
-    """The engine's ZeRO-1/2 optimizer, or a :class:`ConfigError` saying what to do instead."""
-    stage = int(model.config.get("zero_optimization", {}).get("stage", 0))
-    if stage not in (1, 2):
+    """The engine's ZeRO optimizer, or a :class:`ConfigError` saying what to do instead."""
+    stage = _stage(model)
+    if stage not in (1, 2, 3):
         raise ConfigError(
-            f"a ZeRO-{stage} model's state is saved by DeepSpeed: call "
-            "model.engine.save_checkpoint(directory, tag) on every rank, and load it at another "
-            "world size through sparktrain.strategies.reshard.to_universal(...); "
-            "sharded_state covers ZeRO-1 and ZeRO-2, whose parameters are whole on every rank"
+            f"a ZeRO-{stage} model has no partitions to save as shards: sharded_state covers "
+            "ZeRO-1, 2 and 3; save a ZeRO-0 model's full_state_dict with checkpoint.save"
         )
     if model.engine is None:
         raise ConfigError(
             "the ZeRO model has no engine yet: call sparktrain.strategies.prepare_optimizer("
             "optimizer, model) before sharded_state or load_sharded_state"
         )
-    return model.engine.optimizer
+    zopt = model.engine.optimizer
+    if getattr(zopt, "swap_optimizer", False):
+        raise ConfigError(
+            "a ZeRO-3 model whose optimizer state is offloaded to NVMe "
+            "(offload_optimizer.device='nvme') is saved by DeepSpeed: call "
+            "model.engine.save_checkpoint(directory, tag) on every rank, and load it at another "
+            "world size through sparktrain.strategies.reshard.to_universal(...); offload to "
+            "'cpu' keeps the partitions in memory, where sharded_state can save them"
+        )
+    return zopt
 
 
 def _sharded(
@@ -100,25 +113,31 @@ def zero_state(model: zero.ZeroModel, optimizer: Any) -> dict[str, Any]:
     del optimizer  # the engine holds the optimizer; kept for the same call as DDP's and FSDP's
     zopt = _optimizer_of(model)
     inner = zopt.optimizer
+    stage3 = _stage(model) == 3
     if not inner.state:  # as torch does for a state dict: a step at learning rate 0
         from torch.distributed.checkpoint.state_dict import _init_optim_state
 
-        _init_optim_state(inner)
-    zopt._lazy_init_hp_params_optimizer_state()
+        if stage3:  # ZeRO-3 hands the optimizer its partitions only for its step
+            zopt._set_fp32_optimizer_param_groups()
+        try:
+            _init_optim_state(inner)
+        finally:
+            if stage3:
+                zopt._clear_fp32_optimizer_param_groups()
+    if not stage3:
+        zopt._lazy_init_hp_params_optimizer_state()
     named: list[tuple[str, Any]] = list(model.module.named_parameters())
-    mine = {name: _span(param) for name, param in named}
+    mine = {name: (_span3(zopt, param) if stage3 else _span(param)) for name, param in named}
     where: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(where, mine)
-    flat = [group["params"][0] for group in inner.param_groups]
+    flat = [flats[0] for flats in _flats(zopt, stage3)]
     keys = sorted(k for k, v in inner.state[flat[0]].items() if _flat_like(v, flat[0]))
     state: dict[str, Any] = {"fp32": {}, **{key: {} for key in keys}}
     for name, param in named:
-        mapping = param._hp_mapping
+        numel = param.ds_numel if stage3 else param.numel()
         for key in ("fp32", *keys):
-            fragment = None
-            if mapping is not None:
-                fragment = mapping.get_hp_fragment(None if key == "fp32" else key)
-            state[key][name] = _sharded(name, param.numel(), fragment, where)
+            fragment = _fragment(zopt, param, None if key == "fp32" else key, mine[name], stage3)
+            state[key][name] = _sharded(name, numel, fragment, where)
     groups = [
         {
             "hyper": {k: v for k, v in group.items() if k != "params"},
@@ -128,6 +147,37 @@ def zero_state(model: zero.ZeroModel, optimizer: Any) -> dict[str, Any]:
     ]
     engine = {counter: getattr(model.engine, counter, 0) for counter in ENGINE_COUNTERS}
     return {"zero": state, "groups": groups, "engine": engine}
+
+
+def _flats(zopt: Any, stage3: bool) -> list[list[Any]]:
+    """Each optimizer group's flat fp32 partitions (ZeRO-3 lists them only during its step)."""
+    inner = zopt.optimizer
+    if not stage3:
+        return [list(group["params"]) for group in inner.param_groups]
+    flats: list[list[Any]] = [[] for _ in inner.param_groups]
+    for sub_group, flat in enumerate(zopt.fp32_partitioned_groups_flat):
+        flats[zopt.sub_group_to_group_id[sub_group]].append(flat)
+    return flats
+
+
+def _span3(zopt: Any, param: Any) -> tuple[int, int] | None:
+    """Where this rank's ZeRO-3 partition of ``param`` is in the flattened parameter."""
+    if not param.requires_grad:
+        return None
+    size = param.ds_tensor.ds_numel  # every rank's partition is this long, the last padded
+    start = zopt._get_param_partition_rank(param) * size
+    numel = min(size, param.ds_numel - start)
+    return (start, numel) if numel > 0 else None
+
+
+def _fragment(zopt: Any, param: Any, key: str | None, span: Any, stage3: bool) -> Any:
+    """A view of this rank's fragment of ``param``'s fp32 master (``key=None``) or state."""
+    if span is None:
+        return None
+    if stage3:
+        partition, _group = zopt._get_fp32_opt_state_partition(param, False, key)
+        return partition.narrow(0, 0, span[1])  # the padding is not the parameter's
+    return param._hp_mapping.get_hp_fragment(key)
 
 
 def _span(param: Any) -> tuple[int, int] | None:
@@ -162,16 +212,35 @@ def load_zero_state(
     state = zero_state(model, optimizer)  # this world's fragments: the load fills them in place
     loaded = load_latest(directory, into=state, on_rescale=on_rescale)
     inner = zopt.optimizer
-    for group, saved in zip(inner.param_groups, state["groups"], strict=True):
+    flats = _flats(zopt, _stage(model) == 3)
+    for group, saved, group_flats in zip(inner.param_groups, state["groups"], flats, strict=True):
         group.update(saved["hyper"])
-        hp = group["params"][0]
-        for key, value in saved["scalars"].items():
-            mine = inner.state[hp].get(key)
-            if isinstance(mine, torch.Tensor) and isinstance(value, torch.Tensor):
-                mine.copy_(value)  # in place: Adam's step keeps its dtype and device
-            else:
-                inner.state[hp][key] = value
+        for hp in group_flats:  # ZeRO-3's sub-groups of a group share their scalars
+            for key, value in saved["scalars"].items():
+                mine = inner.state[hp].get(key)
+                if isinstance(mine, torch.Tensor) and isinstance(value, torch.Tensor):
+                    mine.copy_(value)  # in place: Adam's step keeps its dtype and device
+                else:
+                    inner.state[hp][key] = value
     for counter, value in state["engine"].items():
         setattr(model.engine, counter, value)
-    zopt.update_lp_params()  # the module's parameters, gathered from the loaded partitions
+    if _stage(model) == 3:
+        _partitions_from_fp32(zopt)
+    else:
+        zopt.update_lp_params()  # the module's parameters, gathered from the loaded partitions
     return loaded
+
+
+def _partitions_from_fp32(zopt: Any) -> None:
+    """ZeRO-3: each rank's parameter partitions from its loaded fp32 ones (as DeepSpeed loads)."""
+    for fp32, partitions in zip(
+        zopt.fp32_partitioned_groups_flat, zopt.fp16_partitioned_groups_flat, strict=True
+    ):
+        if fp32.numel() > 0:
+            partitions.data.copy_(fp32.data)
+    for flat, params in zip(
+        zopt.fp16_partitioned_groups_flat, zopt.fp16_partitioned_groups, strict=True
+    ):
+        for partition, data in zip(params, zopt.unflatten(flat, params), strict=True):
+            partition.data = data.data
+    zopt.checkpoint_event_epilogue()  # parameters kept whole on every rank: gathered again

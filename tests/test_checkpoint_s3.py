@@ -106,24 +106,45 @@ def test_a_step_saved_again_replaces_the_published_one_whole(s3: dict) -> None:
     assert len(tokens()) == 2  # the next save removed the first try's files
 
 
-def _sharded_to_s3(url: str, options: dict) -> bool:
+def _sharded_to_s3(url: str, options: dict, in_memory: bool) -> dict:
+    import os
+
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
     state = {"w": torch.arange(1000.0) + dist.get_rank() * 0, "n": torch.tensor(3)}
-    checkpoint.save(state, url, step=1, sharded=True, storage_options=options)
-    checkpoint.wait()
+    checkpoint.save(state, url, step=1, sharded=True, storage_options=options, in_memory=in_memory)
+    checkpoint.wait(in_memory=True)
     into = {"w": torch.zeros(1000), "n": torch.tensor(0)}
     found = checkpoint.load_latest(url, into=into, storage_options=options)
-    return (
-        found is not None and torch.equal(into["w"], torch.arange(1000.0)) and int(into["n"]) == 3
-    )
+    node = os.environ["SPARKTRAIN_CHECKPOINT_MEMORY"]
+    return {
+        "equal": found is not None
+        and torch.equal(into["w"], torch.arange(1000.0))
+        and int(into["n"]) == 3,
+        "read": None if found is None else found.read,
+        "in memory": sorted(name for _root, _dirs, names in os.walk(node) for name in names),
+        "writing": [
+            name for _root, dirs, _names in os.walk(node) for name in dirs if "wri" in name
+        ],
+    }
 
 
-def test_a_sharded_checkpoint_goes_to_s3_through_dcp(s3: dict) -> None:
-    run = launch(_sharded_to_s3, ("s3://ckpt/dcp", s3), num_processes=2, use_gpu=False)
-    assert run.value is True
-    assert any(o.endswith(".metadata") for o in _objects(s3, "dcp"))
+@pytest.mark.parametrize("in_memory", [True, False], ids=["kept", "storage-only"])
+def test_a_sharded_checkpoint_goes_to_s3_through_dcp(s3: dict, in_memory: bool) -> None:
+    url = f"s3://ckpt/dcp-{in_memory}"
+    run = launch(_sharded_to_s3, (url, s3, in_memory), num_processes=2, use_gpu=False)
+    assert run.value["equal"] is True
+    objects = [o.split("/") for o in _objects(s3, f"dcp-{in_memory}")]
+    (_token,) = {o[1] for o in objects if len(o) == 3}  # step-00000001/<token>/<file>: one
+    stored = sorted(o[2] for o in objects if len(o) == 3)
+    assert stored == [".metadata", "__0_0.distcp", "__1_0.distcp"]  # storage has it whole
+    assert run.value["writing"] == []  # what was written first was moved into place
+    if in_memory:  # written to the node's memory first, uploaded, kept: the load reads memory
+        assert run.value["in memory"] == stored
+        assert set(run.value["read"]) == {"memory"}
+    else:
+        assert run.value["in memory"] == [] and "memory" not in run.value["read"]
 
 
 def test_a_writer_killed_mid_write_on_s3_leaves_a_whole_checkpoint(s3: dict) -> None:

@@ -61,10 +61,14 @@ def posting(folder: str) -> dict[str, Any]:
     held: dict[str, dict[str, dict[str, int]]] = {}
     base = Path(folder)
     for store in sorted(p for p in base.iterdir() if p.is_dir()) if base.is_dir() else []:
-        for kept in sorted(p for p in store.iterdir() if p.is_dir()):
+        for kept in sorted(p for p in store.iterdir() if p.is_dir() and _kept(p)):
             files = {f.name: f.stat().st_size for f in sorted(kept.iterdir()) if _whole(f)}
             held.setdefault(store.name, {})[kept.name] = files
     return {"node": folder, "free": memory.free(base) if base.is_dir() else 0, "held": held}
+
+
+def _kept(folder: Path) -> bool:
+    return not folder.name.startswith(memory.WRITING)  # a write in flight is not published
 
 
 def _whole(path: Path) -> bool:

@@ -21,6 +21,7 @@ from sparktrain.contract import env
 from sparktrain.rank import reporting
 from sparktrain.rank.checkpoints import coordinate, memory, parts, staging
 from sparktrain.rank.checkpoints.names import MANIFEST
+from sparktrain.rank.checkpoints.objects import ObjectStorage
 from sparktrain.rank.checkpoints.storage import LocalStorage, Storage, storage_for
 from sparktrain.rank.checkpoints.writer import WRITER
 
@@ -197,22 +198,33 @@ class _Files:
 def _dcp_files(storage: Storage, step: int, token: Any) -> Iterator[tuple[dict[str, Any], _Files]]:
     """Where ``torch.distributed.checkpoint`` reads a sharded checkpoint, and what from where.
 
-    With a node memory that holds some of its files (a local folder's checkpoint): a folder of
-    links, each to the node's copy where it holds one, else to storage's file. Otherwise the
-    checkpoint in storage as it is.
+    With a node memory: a folder of links, each to the node's copy where it holds one, else to
+    storage's file (a local folder's checkpoint); on an object store, only where the node holds
+    every file. Otherwise the checkpoint in storage as it is.
     """
     files = _Files(storage, step, token)
-    if not isinstance(storage, LocalStorage) or env.checkpoint_memory() is None:
+    if env.checkpoint_memory() is None:
         yield storage.dcp_reader(step), files
         return
-    folder = storage.readable(step)
+    if isinstance(storage, LocalStorage):
+        stored = {path.name: path for path in storage.readable(step).iterdir()}
+    elif isinstance(storage, ObjectStorage):  # memory holds all of them, or storage is read
+        names = storage.files(step)
+        kept = {name: memory.held(storage, step, files.token, name) for name in names}
+        if not names or None in kept.values():
+            yield storage.dcp_reader(step), files
+            return
+        stored = {name: path for name, path in kept.items() if path is not None}
+    else:
+        yield storage.dcp_reader(step), files
+        return
     with tempfile.TemporaryDirectory(prefix="sparktrain-dcp-") as view:
-        for path in sorted(folder.iterdir()):
-            kept = memory.held(storage, step, files.token, path.name)
-            Path(view, path.name).symlink_to(kept or path)
-            if path.name != MANIFEST:
-                source = "memory" if kept is not None else "storage"
-                files.sources[path.name] = (source, (kept or path).stat().st_size)
+        for name, path in sorted(stored.items()):
+            held = memory.held(storage, step, files.token, name)
+            Path(view, name).symlink_to(held or path)
+            if name != MANIFEST:
+                source = "memory" if held is not None else "storage"
+                files.sources[name] = (source, (held or path).stat().st_size)
         yield {"checkpoint_id": view}, files
 
 

@@ -27,7 +27,7 @@ import os
 import shutil
 import struct
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -63,18 +63,18 @@ def _here(storage: Any, step: int, token: str) -> Path | None:
     return None if base is None else base / f"{step:08d}-{token}"
 
 
-def keep(
-    storage: Any,
-    step: int,
-    token: str,
-    files: dict[str, Callable[[IO[bytes]], Any]],
-    need: int,
-) -> None:
-    """Keep this rank's ``files`` (name -> what writes it) of a published checkpoint in memory.
+#: What a rank keeps: a file's name -> what writes it, or the file in memory already (moved).
+Files = Mapping[str, Callable[[IO[bytes]], Any] | Path]
 
-    The folders of older checkpoints of the same directory go first: one checkpoint is kept.
-    ``need`` is about how many bytes the files take: without room for them (and some room
-    left for others, see :func:`room`), nothing is written.
+
+def keep(storage: Any, step: int, token: str, files: Files, need: int) -> None:
+    """Keep this rank's ``files`` of a published checkpoint in memory.
+
+    The folders of older checkpoints of the same directory go first: one checkpoint is kept
+    (and writes in flight of older steps, see :func:`writing`). ``need`` is about how many
+    bytes the files take: without room for them (and some room left for others, see
+    :func:`room`), nothing is written. A file given as a path (written to :func:`writing`'s
+    folder) is moved into place.
     """
     here = _here(storage, step, token)
     if here is None:
@@ -82,19 +82,53 @@ def keep(
     try:
         here.parent.mkdir(exist_ok=True)  # never the node's folder: gone, it stays gone
         for other in here.parent.glob("*"):
-            if other.name != here.name:
+            if other.name != here.name and _older(other.name, step):
                 shutil.rmtree(other, ignore_errors=True)
         room(here.parent, need)
         here.mkdir(exist_ok=True)
         for name, fill in files.items():
-            write(here / name, fill)
+            if isinstance(fill, Path):
+                os.replace(fill, here / name)
+            else:
+                write(here / name, fill)
     except OSError as exc:  # no room (a small /dev/shm), or the node's folder is gone
         for name in files:  # this rank's files only: its peers on the node keep theirs
             (here / name).unlink(missing_ok=True)
-        _say_once(f"checkpoint step {step} is not kept in memory ({exc}); a restart reads storage")
+        say_once(f"checkpoint step {step} is not kept in memory ({exc}); a restart reads storage")
 
 
-def remember(target: Any, files: dict[str, Callable[[IO[bytes]], Any]], need: int) -> None:
+def _older(name: str, step: int) -> bool:
+    """Whether the folder ``name`` is a kept checkpoint, or a write in flight before ``step``."""
+    if not name.startswith(WRITING):
+        return True
+    written = name[len(WRITING) :].partition("-")[0]
+    return not written.isdigit() or int(written) < step
+
+
+#: The start of a folder a rank writes a checkpoint's files into before it is published.
+WRITING = ".writing-"
+
+
+def writing(storage: Any, step: int, token: str, rank: int) -> Path | None:
+    """A new folder in this node's memory for ``rank`` to write its files of ``step`` into.
+
+    For a checkpoint whose storage is elsewhere (an object store): the rank writes there first,
+    uploads, and once the checkpoint is published its files are kept by moving them (see
+    :func:`keep`). ``None`` without node memory. This rank's folders of earlier writes (cut
+    short) are removed.
+    """
+    base = _base(storage)
+    if base is None:
+        return None
+    base.mkdir(exist_ok=True)
+    for stale in base.glob(f"{WRITING}*-{rank}"):
+        shutil.rmtree(stale, ignore_errors=True)
+    folder = base / f"{WRITING}{step:08d}-{token}-{rank}"
+    folder.mkdir()
+    return folder
+
+
+def remember(target: Any, files: Files, need: int) -> None:
     """Once ``target``'s checkpoint is published: :func:`keep` its ``files``, then exchange.
 
     ``target`` is the save's target (its storage, step, token, groups and ``replicas``: -1
@@ -176,7 +210,7 @@ def exchange(found: Any, storage: Any, step: int, token: str, names: list[str]) 
         if here is not None:
             payload = _pack(here, names)
     except Exception as exc:  # never leave the peer waiting: it receives an empty payload
-        _say_once(f"checkpoint step {step}: not sent to the next node's memory ({exc})")
+        say_once(f"checkpoint step {step}: not sent to the next node's memory ({exc})")
     sizes = torch.tensor([payload.numel(), 0], dtype=torch.int64)  # [what I send, I take it]
     theirs = torch.zeros(2, dtype=torch.int64)
     _swap(dist, found.write, (sizes[:1].clone(), to), (theirs[:1], source))
@@ -186,7 +220,7 @@ def exchange(found: Any, storage: Any, step: int, token: str, names: list[str]) 
             room(here, int(theirs[0]))
             received = torch.empty(int(theirs[0]), dtype=torch.uint8)
     except Exception as exc:
-        _say_once(f"checkpoint step {step}: rank {source}'s copy is not kept in memory ({exc})")
+        say_once(f"checkpoint step {step}: rank {source}'s copy is not kept in memory ({exc})")
     taken = torch.tensor([int(received is not None)], dtype=torch.int64)
     _swap(dist, found.write, (taken, source), (theirs[1:], to))  # whether `to` takes mine
     sent = dist.isend(payload, to, group=found.write) if int(theirs[1]) else None
@@ -202,7 +236,7 @@ def exchange(found: Any, storage: Any, step: int, token: str, names: list[str]) 
     except OSError as exc:
         for name in _unpack(received):
             (here / name).unlink(missing_ok=True)
-        _say_once(f"checkpoint step {step}: rank {source}'s copy is not kept in memory ({exc})")
+        say_once(f"checkpoint step {step}: rank {source}'s copy is not kept in memory ({exc})")
 
 
 def _swap(dist: Any, group: Any, send: tuple[Any, int], receive: tuple[Any, int]) -> None:
@@ -259,7 +293,7 @@ def held(storage: Any, step: int, token: str | None, name: str) -> Path | None:
 _SAID: set[str] = set()
 
 
-def _say_once(line: str) -> None:
+def say_once(line: str) -> None:
     """Say on stderr that memory keeps nothing, once per process (not at every checkpoint)."""
     if not _SAID:
         print(f"sparktrain: {line} (said once)", file=sys.stderr, flush=True)

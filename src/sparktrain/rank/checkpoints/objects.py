@@ -134,6 +134,20 @@ class ObjectStorage:
         token = self._token(step)
         return self.fs.open(f"{self._data(step, token)}/{name}", "rb")  # type: ignore[no-any-return]
 
+    def files(self, step: int) -> dict[str, int]:
+        """The files of a published checkpoint: name -> bytes."""
+        path = self._data(step, self._token(step))
+        self.fs.invalidate_cache(path)
+        try:
+            entries = self.fs.ls(path, detail=True)
+        except FileNotFoundError:
+            return {}
+        return {
+            str(entry["name"]).rstrip("/").split("/")[-1]: int(entry.get("size") or 0)
+            for entry in entries
+            if entry.get("type") == "file"
+        }
+
     def dcp_reader(self, step: int) -> dict[str, Any]:
         """DCP through its fsspec reader, under the manifest's token."""
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader

@@ -2,9 +2,10 @@
 
 The state is staged into CPU buffers kept from save to save (pinned where it lives on a GPU),
 then written by every rank with ``torch.distributed.checkpoint`` on the checkpoint's own group,
-so that it loads again at any world size. Once published, where the directory is a local path,
-each rank keeps the files it wrote in the node's memory (and sends them to its neighbour with
-``replicas=1``), as the replicated format does.
+so that it loads again at any world size. Once published, each rank keeps the files it wrote in
+the node's memory (and sends them to its neighbour with ``replicas=1``), as the replicated
+format does: read back from a local path's folder, or, for an object store, written to the
+node's memory first, uploaded, and moved into place once published.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from sparktrain.contract import env
 from sparktrain.rank.checkpoints import memory, phases
 from sparktrain.rank.checkpoints.storage import LocalStorage
-from sparktrain.rank.checkpoints.writer import Job
+from sparktrain.rank.checkpoints.writer import After, Job
 
 _DCP_CACHE: dict[str, Any] = {}
 
@@ -35,23 +37,64 @@ def job(state: Any, target: phases.Target) -> Job:
         cached = _create_cpu_state_dict(state, pin_memory=_on_gpu(state))
         _DCP_CACHE[key] = cached
     staged = _copy_state_dict(state, cached, non_blocking=False)
+    storage, step, token = target.storage, target.step, target.token
+    local = _writing(target, staged)
 
     def write_mine() -> None:
-        where = target.storage.dcp_writer(target.step, target.token)
-        dcp.save(staged, process_group=found.write, **where)  # type: ignore[attr-defined]
+        if local is None:
+            where = storage.dcp_writer(step, token)
+            dcp.save(staged, process_group=found.write, **where)  # type: ignore[attr-defined]
+            return
+        dcp.save(staged, process_group=found.write, checkpoint_id=str(local))  # type: ignore[attr-defined]
+        for path in sorted(local.iterdir()):  # then uploaded: storage has it whole
+            storage.write(step, token, path.name, _copy_of(path))
 
-    def remember() -> None:  # once published: this rank's files, read back from a local folder
-        storage = target.storage
+    def remember() -> None:  # once published: this rank's files kept in the node's memory
+        if local is not None:  # written there first: moved into place
+            try:
+                files: memory.Files = {path.name: path for path in sorted(local.iterdir())}
+                memory.remember(target, files, 0)
+            finally:
+                shutil.rmtree(local, ignore_errors=True)
+            return
         if not isinstance(storage, LocalStorage):  # the same on every rank: nobody exchanges
             return
-        folder = storage.readable(target.step)
+        folder = storage.readable(step)
         mine = sorted(folder.glob(f"__{found.rank}_*.distcp"))
         mine += [folder / ".metadata"] if target.rank == 0 else []
-        files = {path.name: _copy_of(path) for path in mine}
-        memory.remember(target, files, sum(path.stat().st_size for path in mine))
+        copies: memory.Files = {path.name: _copy_of(path) for path in mine}
+        memory.remember(target, copies, sum(path.stat().st_size for path in mine))
 
-    manifest = {"format": "dcp", "token": target.token}
-    return lambda: phases.run(target, write_mine, manifest, remember)
+    def run() -> After:
+        try:
+            return phases.run(target, write_mine, {"format": "dcp", "token": token}, remember)
+        except BaseException:
+            if local is not None:
+                shutil.rmtree(local, ignore_errors=True)
+            raise
+
+    return run
+
+
+def _writing(target: phases.Target, staged: Any) -> Path | None:
+    """Where this rank writes its files first: its node's memory, for an object store.
+
+    ``None`` (DCP writes to storage itself) for a local path (read back from there once
+    published), without node memory, with ``in_memory=False``, or without room for the node's
+    ranks' files.
+    """
+    if isinstance(target.storage, LocalStorage) or target.replicas < 0:
+        return None
+    need = _nbytes(staged)
+    local = max(env.contract_int("LOCAL_WORLD_SIZE", 1), 1)
+    try:
+        folder = memory.writing(target.storage, target.step, target.token, target.rank)
+        if folder is not None:
+            memory.room(folder, need * local)
+        return folder
+    except OSError as exc:
+        memory.say_once(f"checkpoint step {target.step} is written to storage alone ({exc})")
+        return None
 
 
 def _copy_of(path: Path) -> Callable[[IO[bytes]], Any]:
@@ -60,6 +103,19 @@ def _copy_of(path: Path) -> Callable[[IO[bytes]], Any]:
             shutil.copyfileobj(source, handle, 1 << 20)
 
     return fill
+
+
+def _nbytes(state: Any) -> int:
+    """The bytes of the tensors in ``state`` (a sharded tensor's local shards)."""
+    if isinstance(state, dict):
+        return sum(_nbytes(value) for value in state.values())
+    if isinstance(state, list | tuple):
+        return sum(_nbytes(value) for value in state)
+    if hasattr(state, "local_shards"):
+        return sum(_nbytes(shard.tensor) for shard in state.local_shards())
+    if hasattr(state, "element_size") and hasattr(state, "numel"):
+        return int(state.numel()) * int(state.element_size())
+    return 0
 
 
 def _keys(state: Any, prefix: str = "") -> list[str]:

@@ -147,6 +147,49 @@ def test_a_sharded_checkpoint_goes_to_s3_through_dcp(s3: dict, in_memory: bool) 
         assert run.value["in memory"] == [] and "memory" not in run.value["read"]
 
 
+def _one_node_without_room(url: str, options: dict) -> dict:
+    """2 nodes; rank 1's node has no room in memory: every rank writes to S3 alone, twice."""
+    import torch.distributed as dist
+
+    from sparktrain.rank.checkpoints import memory
+
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        memory.HEADROOM_BYTES = 1 << 62  # no memory folder has that much to spare
+    reads, equal = [], True
+    for step in (1, 2):
+        state = {"w": torch.arange(1000.0) * step}
+        checkpoint.save(state, url, step=step, sharded=True, storage_options=options, replicas=1)
+        checkpoint.wait(in_memory=True)  # the neighbour exchange is over on every rank
+        into = {"w": torch.zeros(1000)}
+        found = checkpoint.load_latest(url, into=into, storage_options=options)
+        equal = (
+            equal
+            and found is not None
+            and found.step == step
+            and torch.equal(into["w"], state["w"])
+        )
+        reads.append(None if found is None else found.read)
+    return {"equal": equal, "reads": reads}
+
+
+def test_ranks_write_to_memory_first_all_or_none(s3: dict) -> None:
+    from sparktrain import LocalCluster
+
+    url = "s3://ckpt/no-room"
+    run = launch(
+        _one_node_without_room, (url, s3), num_processes=2, backend=LocalCluster(nodes=2),
+        timeout=120, return_all=True,
+    )  # fmt: skip
+    for value in run.return_values.values():
+        assert value["equal"] is True
+        assert all("memory" not in read for read in value["reads"])  # storage, on both nodes
+    objects = [o.split("/") for o in _objects(s3, "no-room")]
+    assert sorted(o[2] for o in objects if len(o) == 3 and o[0].endswith("2")) == [
+        ".metadata", "__0_0.distcp", "__1_0.distcp",
+    ]  # fmt: skip
+
+
 def test_a_writer_killed_mid_write_on_s3_leaves_a_whole_checkpoint(s3: dict) -> None:
     import json
 

@@ -226,6 +226,7 @@ def zero_train_or_resume(ckpt: str, strategy: str, how: str, seed: int) -> dict[
     fresh = st.full_state_dict(model)
     rescaled: list[tuple[int, int]] = []
     if resume and how == "sparktrain":
+        model(torch.zeros(1, 8))  # a forward first: ZeRO-3 holds its parameters gathered
         on_rescale = lambda old, new: rescaled.append((old, new))  # noqa: E731
         assert st.load_sharded_state(model, optimizer, ckpt, on_rescale=on_rescale) is not None
     elif resume:
@@ -294,6 +295,8 @@ def test_a_zero_checkpoint_alone_loads_only_at_its_own_world_size(tmp_path: Path
         ("zero2", 4, 2),
         ("zero3", 2, 3),  # at 3 ranks every partition is padded; these small parameters are
         ("zero3-partitioned", 3, 2),  # kept whole on every rank unless told otherwise
+        ("zero2_offload", 2, 3),  # the optimizer's state in host memory, its gradients kept
+        ("zero3_offload", 3, 2),
     ],
 )
 def test_zero_resumes_at_another_world_size_from_sparktrains_sharded_format(

@@ -105,7 +105,8 @@ def zero_state(model: zero.ZeroModel, optimizer: Any) -> dict[str, Any]:
     """This rank's fragments of a ZeRO-1/2 state, to save with ``sharded=True``; a collective.
 
     Args:
-        model: What ``prepare_model(..., "zero1" | "zero2")`` returned, its engine built.
+        model: What ``prepare_model(..., "zero1" | "zero2" | "zero3")`` returned, its engine
+            built.
         optimizer: What ``prepare_optimizer`` returned for it.
     """
     import torch.distributed as dist
@@ -114,24 +115,18 @@ def zero_state(model: zero.ZeroModel, optimizer: Any) -> dict[str, Any]:
     zopt = _optimizer_of(model)
     inner = zopt.optimizer
     stage3 = _stage(model) == 3
-    if not inner.state:  # as torch does for a state dict: a step at learning rate 0
-        from torch.distributed.checkpoint.state_dict import _init_optim_state
-
-        if stage3:  # ZeRO-3 hands the optimizer its partitions only for its step
-            zopt._set_fp32_optimizer_param_groups()
-        try:
-            _init_optim_state(inner)
-        finally:
-            if stage3:
-                zopt._clear_fp32_optimizer_param_groups()
+    flats = _flats(zopt, stage3)
+    if not inner.state:
+        _init_state(zopt, stage3, [flat for group in flats for flat in group])
     if not stage3:
         zopt._lazy_init_hp_params_optimizer_state()
     named: list[tuple[str, Any]] = list(model.module.named_parameters())
     mine = {name: (_span3(zopt, param) if stage3 else _span(param)) for name, param in named}
     where: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(where, mine)
-    flat = [flats[0] for flats in _flats(zopt, stage3)]
-    keys = sorted(k for k, v in inner.state[flat[0]].items() if _flat_like(v, flat[0]))
+    first = next((flat for group in flats for flat in group), None)
+    held = {} if first is None else inner.state[first]
+    keys = sorted(key for key, value in held.items() if _flat_like(value, first))
     state: dict[str, Any] = {"fp32": {}, **{key: {} for key in keys}}
     for name, param in named:
         numel = param.ds_numel if stage3 else param.numel()
@@ -141,12 +136,46 @@ def zero_state(model: zero.ZeroModel, optimizer: Any) -> dict[str, Any]:
     groups = [
         {
             "hyper": {k: v for k, v in group.items() if k != "params"},
-            "scalars": {k: v for k, v in inner.state[hp].items() if not _flat_like(v, hp)},
+            "scalars": _scalars(inner, group_flats[0]) if group_flats else {},
         }
-        for group, hp in zip(inner.param_groups, flat, strict=True)
+        for group, group_flats in zip(inner.param_groups, flats, strict=True)
     ]
     engine = {counter: getattr(model.engine, counter, 0) for counter in ENGINE_COUNTERS}
     return {"zero": state, "groups": groups, "engine": engine}
+
+
+def _scalars(inner: Any, flat: Any) -> dict[str, Any]:
+    return {k: v for k, v in inner.state[flat].items() if not _flat_like(v, flat)}
+
+
+def _init_state(zopt: Any, stage3: bool, flats: list[Any]) -> None:
+    """The optimizer's state before its first step: a step at learning rate 0 on zero gradients.
+
+    As torch does for a state dict, but whatever gradients the partitions hold (DeepSpeed
+    leaves some with the optimizer offloaded) are kept aside and put back.
+    """
+    import torch
+
+    inner = zopt.optimizer
+    grads = [flat.grad for flat in flats]
+    rates = [group.get("lr") for group in inner.param_groups]
+    if stage3:  # ZeRO-3 hands the optimizer its partitions only for its step
+        zopt._set_fp32_optimizer_param_groups()
+    try:
+        for flat in flats:
+            flat.grad = torch.zeros_like(flat)
+        for group, rate in zip(inner.param_groups, rates, strict=True):
+            if rate is not None:
+                group["lr"] = torch.tensor(0.0) if isinstance(rate, torch.Tensor) else 0.0
+        inner.step()
+    finally:
+        for group, rate in zip(inner.param_groups, rates, strict=True):
+            if rate is not None:
+                group["lr"] = rate
+        for flat, grad in zip(flats, grads, strict=True):
+            flat.grad = grad
+        if stage3:
+            zopt._clear_fp32_optimizer_param_groups()
 
 
 def _flats(zopt: Any, stage3: bool) -> list[list[Any]]:
@@ -162,8 +191,8 @@ def _flats(zopt: Any, stage3: bool) -> list[list[Any]]:
 
 def _span3(zopt: Any, param: Any) -> tuple[int, int] | None:
     """Where this rank's ZeRO-3 partition of ``param`` is in the flattened parameter."""
-    if not param.requires_grad:
-        return None
+    if not param.requires_grad or zopt.get_param_id(param) not in zopt.grad_position:
+        return None  # frozen, or not the optimizer's: no fp32 partition
     size = param.ds_tensor.ds_numel  # every rank's partition is this long, the last padded
     start = zopt._get_param_partition_rank(param) * size
     numel = min(size, param.ds_numel - start)
@@ -233,6 +262,7 @@ def load_zero_state(
 
 def _partitions_from_fp32(zopt: Any) -> None:
     """ZeRO-3: each rank's parameter partitions from its loaded fp32 ones (as DeepSpeed loads)."""
+    zopt.checkpoint_event_prologue()  # every parameter partitioned, the whole-kept ones too
     for fp32, partitions in zip(
         zopt.fp32_partitioned_groups_flat, zopt.fp16_partitioned_groups_flat, strict=True
     ):

@@ -161,10 +161,10 @@ def _move(transfers: list[Transfer], rank: int, board: Any, folder: Path, timeou
             if data is not None and _keep(folder, move, data):
                 taken[move.store, move.folder] = taken.get((move.store, move.folder), 0) + 1
     for (store, kept), count in taken.items():
-        for older in (folder / store).iterdir():  # one checkpoint a directory, as keep does
-            if older.name != kept:
-                shutil.rmtree(older, ignore_errors=True)
         step = _order(kept, 0)[0]
+        for older in (folder / store).iterdir():  # older steps go, as keep does (one of the
+            if _kept(older) and _order(older.name, 0)[0] < step:  # same step may be the one
+                shutil.rmtree(older, ignore_errors=True)  # published: the load's token says)
         got = sum(m.size for m in transfers if m.receiver == rank and m.folder == kept) / 1e9
         print(f"sparktrain: checkpoint step {step}: {count} file(s) ({got:.2f} GB) this node "
               "lacked came from another node's memory", file=sys.stderr, flush=True)  # fmt: skip
@@ -182,7 +182,7 @@ def _send(group: Any, to: int, tag: int, folder: Path, move: Transfer) -> None:
     except OSError:
         ok = False
     group.send([torch.tensor([int(ok)], dtype=torch.int64)], to, tag).wait()
-    if ok:
+    if ok and move.size:
         group.send([payload], to, tag).wait()
 
 
@@ -195,7 +195,8 @@ def _receive(group: Any, source: int, tag: int, move: Transfer) -> Any:
     if not int(header[0]):
         return None
     payload = torch.empty(move.size, dtype=torch.uint8)
-    group.recv([payload], source, tag).wait()
+    if move.size:  # an empty file has no bytes to send
+        group.recv([payload], source, tag).wait()
     return payload
 
 

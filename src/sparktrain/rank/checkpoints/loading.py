@@ -208,8 +208,8 @@ def _dcp_files(storage: Storage, step: int, token: Any) -> Iterator[tuple[dict[s
         return
     if isinstance(storage, LocalStorage):
         stored = {path.name: path for path in storage.readable(step).iterdir()}
-    elif isinstance(storage, ObjectStorage):  # memory holds all of them, or storage is read
-        names = storage.files(step)
+    elif isinstance(storage, ObjectStorage) and memory.holds(storage, step, files.token):
+        names = storage.files(step)  # memory holds all of them, or storage is read
         kept = {name: memory.held(storage, step, files.token, name) for name in names}
         if not names or None in kept.values():
             yield storage.dcp_reader(step), files

@@ -82,7 +82,7 @@ def keep(storage: Any, step: int, token: str, files: Files, need: int) -> None:
     try:
         here.parent.mkdir(exist_ok=True)  # never the node's folder: gone, it stays gone
         for other in here.parent.glob("*"):
-            if other.name != here.name and _older(other.name, step):
+            if other.name != here.name and _stale(other.name, step, token):
                 shutil.rmtree(other, ignore_errors=True)
         room(here.parent, need)
         here.mkdir(exist_ok=True)
@@ -97,12 +97,18 @@ def keep(storage: Any, step: int, token: str, files: Files, need: int) -> None:
         say_once(f"checkpoint step {step} is not kept in memory ({exc}); a restart reads storage")
 
 
-def _older(name: str, step: int) -> bool:
-    """Whether the folder ``name`` is a kept checkpoint, or a write in flight before ``step``."""
+def _stale(name: str, step: int, token: str) -> bool:
+    """Whether the folder ``name`` goes once ``step`` (saved under ``token``) is published.
+
+    Every other kept checkpoint goes, and every write to memory first but those of this save
+    (its ranks' on the node may still be moving their files into place) and of later steps.
+    """
     if not name.startswith(WRITING):
         return True
-    written = name[len(WRITING) :].partition("-")[0]
-    return not written.isdigit() or int(written) < step
+    written, _, rest = name[len(WRITING) :].partition("-")
+    if not written.isdigit() or int(written) < step:
+        return True
+    return int(written) == step and not rest.startswith(f"{token}-")
 
 
 #: The start of a folder a rank writes a checkpoint's files into before it is published.
@@ -279,6 +285,12 @@ def _unpack(payload: Any) -> dict[str, memoryview]:
         files[name] = view[offset : offset + size]
         offset += size
     return files
+
+
+def holds(storage: Any, step: int, token: str | None) -> bool:
+    """Whether this node's memory has a folder for the checkpoint of ``step`` under ``token``."""
+    here = None if not token else _here(storage, step, token)
+    return here is not None and here.is_dir()
 
 
 def held(storage: Any, step: int, token: str | None, name: str) -> Path | None:

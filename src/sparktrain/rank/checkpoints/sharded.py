@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from sparktrain.contract import env
-from sparktrain.rank.checkpoints import memory, phases
+from sparktrain.rank.checkpoints import coordinate, memory, phases
 from sparktrain.rank.checkpoints.storage import LocalStorage
 from sparktrain.rank.checkpoints.writer import After, Job
 
@@ -38,42 +38,56 @@ def job(state: Any, target: phases.Target) -> Job:
         _DCP_CACHE[key] = cached
     staged = _copy_state_dict(state, cached, non_blocking=False)
     storage, step, token = target.storage, target.step, target.token
-    local = _writing(target, staged)
+    first: list[Path | None] = [_writing(target, staged)]  # the node's memory, then storage
 
     def write_mine() -> None:
-        if local is None:
-            where = storage.dcp_writer(step, token)
-            dcp.save(staged, process_group=found.write, **where)  # type: ignore[attr-defined]
-            return
-        dcp.save(staged, process_group=found.write, checkpoint_id=str(local))  # type: ignore[attr-defined]
-        for path in sorted(local.iterdir()):  # then uploaded: storage has it whole
-            storage.write(step, token, path.name, _copy_of(path))
+        local = first[0]
+        if not all(coordinate.all_ok(found, local is not None)):  # all ranks alike, or none
+            _drop(local)
+            first[0] = None
+        elif local is not None:
+            try:
+                dcp.save(staged, process_group=found.write, checkpoint_id=str(local))  # type: ignore[attr-defined]
+            except Exception as exc:  # DCP tells every rank: every rank writes to storage
+                _drop(local)
+                first[0] = None
+                memory.say_once(f"checkpoint step {step} is written to storage alone ({exc})")
+            else:
+                for path in sorted(local.iterdir()):  # then uploaded: storage has it whole
+                    storage.write(step, token, path.name, _copy_of(path))
+                return
+        where = storage.dcp_writer(step, token)
+        dcp.save(staged, process_group=found.write, **where)  # type: ignore[attr-defined]
 
     def remember() -> None:  # once published: this rank's files kept in the node's memory
-        if local is not None:  # written there first: moved into place
-            try:
-                files: memory.Files = {path.name: path for path in sorted(local.iterdir())}
-                memory.remember(target, files, 0)
-            finally:
-                shutil.rmtree(local, ignore_errors=True)
+        if isinstance(storage, LocalStorage):  # read back from the published folder
+            folder = storage.readable(step)
+            mine = sorted(folder.glob(f"__{found.rank}_*.distcp"))
+            mine += [folder / ".metadata"] if target.rank == 0 else []
+            copies: memory.Files = {path.name: _copy_of(path) for path in mine}
+            memory.remember(target, copies, sum(path.stat().st_size for path in mine))
             return
-        if not isinstance(storage, LocalStorage):  # the same on every rank: nobody exchanges
-            return
-        folder = storage.readable(step)
-        mine = sorted(folder.glob(f"__{found.rank}_*.distcp"))
-        mine += [folder / ".metadata"] if target.rank == 0 else []
-        copies: memory.Files = {path.name: _copy_of(path) for path in mine}
-        memory.remember(target, copies, sum(path.stat().st_size for path in mine))
+        local = first[0]  # written there first: moved into place (every rank exchanges)
+        try:
+            moved: memory.Files = {p.name: p for p in sorted(local.iterdir())} if local else {}
+            memory.remember(target, moved, 0)
+        finally:
+            _drop(local)
 
     def run() -> After:
         try:
             return phases.run(target, write_mine, {"format": "dcp", "token": token}, remember)
         except BaseException:
-            if local is not None:
-                shutil.rmtree(local, ignore_errors=True)
+            _drop(first[0])
             raise
 
     return run
+
+
+def _drop(folder: Path | None) -> None:
+    """Remove a folder written to first (nothing for ``None``)."""
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _writing(target: phases.Target, staged: Any) -> Path | None:
@@ -87,12 +101,14 @@ def _writing(target: phases.Target, staged: Any) -> Path | None:
         return None
     need = _nbytes(staged)
     local = max(env.contract_int("LOCAL_WORLD_SIZE", 1), 1)
+    folder = None
     try:
         folder = memory.writing(target.storage, target.step, target.token, target.rank)
         if folder is not None:
             memory.room(folder, need * local)
         return folder
     except OSError as exc:
+        _drop(folder)
         memory.say_once(f"checkpoint step {target.step} is written to storage alone ({exc})")
         return None
 
@@ -113,6 +129,8 @@ def _nbytes(state: Any) -> int:
         return sum(_nbytes(value) for value in state)
     if hasattr(state, "local_shards"):
         return sum(_nbytes(shard.tensor) for shard in state.local_shards())
+    if hasattr(state, "to_local"):  # a DTensor: this rank's shard
+        return _nbytes(state.to_local())
     if hasattr(state, "element_size") and hasattr(state, "numel"):
         return int(state.numel()) * int(state.element_size())
     return 0

@@ -353,7 +353,7 @@ def test_the_rank_whose_write_failed_is_the_culprit_not_the_peer_that_heard_of_i
     assert checkpoint.latest_step(tmp_path) is None
 
 
-def _rank0_cannot_stage(folder: str) -> list[str]:
+def _rank0_cannot_stage(folder: str, sharded: bool) -> list[str]:
     import threading
 
     import torch.distributed as dist
@@ -362,26 +362,34 @@ def _rank0_cannot_stage(folder: str) -> list[str]:
     said = []
     state: dict = {"w": torch.ones(400_000), "x": torch.ones(400_000)}
     if dist.get_rank() == 0:
-        state["lock"] = threading.Lock()  # rank 0's skeleton cannot be pickled
+        state["lock"] = threading.Lock()  # rank 0's state cannot be copied or pickled
     try:
-        checkpoint.save(state, folder, step=1)
+        checkpoint.save(state, folder, step=1, sharded=sharded)
         checkpoint.wait()
     except CheckpointError as exc:
         said.append(str(exc))
     state.pop("lock", None)
-    checkpoint.save(state, folder, step=2)  # the ranks' writers are still in step
+    checkpoint.save(state, folder, step=2, sharded=sharded)  # the ranks' writers are in step
     checkpoint.wait()
     said.append(str(checkpoint.latest_step(folder)))
     return said
 
 
-def test_a_rank_that_cannot_stage_fails_alone_and_the_next_save_works(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sharded", [False, True], ids=["replicated", "sharded"])
+def test_a_rank_that_cannot_stage_fails_alone_and_the_next_save_works(
+    tmp_path: Path, sharded: bool
+) -> None:
     run = launch(
-        _rank0_cannot_stage, (str(tmp_path),), num_processes=2, use_gpu=False, return_all=True
+        _rank0_cannot_stage,
+        (str(tmp_path), sharded),
+        num_processes=2,
+        use_gpu=False,
+        return_all=True,
+        timeout=120,  # a sharded write is collective: a peer must not wait in it
     )
     zero, one = run.return_values[0], run.return_values[1]
     assert "rank 0 could not stage its part" in zero[0] and "lock" in zero[0], zero
-    assert "rank(s) 0 could not write its part" in one[0], one
+    assert "rank(s) 0 could not stage its part or prepare the folder" in one[0], one
     assert zero[1] == one[1] == "2"
 
 

@@ -34,14 +34,15 @@ class Target:
 
 
 def failed_job(target: Target, error: Exception) -> Job:
-    """The job of a rank that could not stage: it fails its write, so every rank stops alike."""
+    """The job of a rank that could not stage: it fails the first phase, so every rank stops.
 
-    def fail() -> None:
-        raise error
+    The first, before any rank writes: a sharded write is itself collective (DCP), and a peer
+    failing later would leave the others waiting in it.
+    """
 
     def job() -> None:
         with contextlib.suppress(CheckpointError):  # the caller raises this rank's own error
-            run(target, fail, {})
+            run(target, lambda: None, {}, unstaged=error)
 
     return job
 
@@ -51,11 +52,14 @@ def run(
     write_mine: Callable[[], None],
     manifest: dict[str, Any],
     remember: Callable[[], None] | None = None,
+    *,
+    unstaged: Exception | None = None,
 ) -> After:
     """The writer's job, the same three phases on every rank whatever fails.
 
-    Rank 0 makes the temporary folder, every rank writes its part, rank 0 publishes; after each
-    phase the ranks exchange whether it went well, so a failure anywhere stops every rank's job
+    Rank 0 makes the temporary folder (a rank that could not stage, ``unstaged``, fails there),
+    every rank writes its part, rank 0 publishes; after each phase the ranks exchange whether
+    it went well, so a failure anywhere stops every rank's job
     at the same point (a rank that failed raises its own error, the others name it). Returns
     what follows the publication: ``remember`` (the node's memory copy, made from the staged
     buffers; a failure there is said on stderr, never raised), then rank 0's pruning.
@@ -65,8 +69,13 @@ def run(
     def publish() -> None:
         storage.publish(step, token, {"world_size": target.size, **manifest})
 
+    def prepare() -> None:
+        if unstaged is not None:  # this rank could not stage its part
+            raise unstaged
+        storage.prepare(step, token)
+
     phases: list[tuple[str, Callable[[], None], bool]] = [
-        ("prepare its folder", lambda: storage.prepare(step, token), rank == 0),
+        ("stage its part or prepare the folder", prepare, rank == 0 or unstaged is not None),
         ("write its part", write_mine, True),
         ("publish it", publish, rank == 0),
     ]

@@ -5,12 +5,15 @@ cloudpickle sends a function defined in ``__main__``, a notebook cell or a modul
 arrives with its file name replaced by ``"<dynamic-code>"`` (to make payloads deterministic).
 A rank's traceback then says ``File "<dynamic-code>", line 12`` with no source line, and a hung
 rank's stack shows no user frame at all. :func:`dumps` is cloudpickle with one change: code
-objects keep their file name. Everything else (what goes by value, by reference) is cloudpickle's.
+objects keep their file name, and modules of a subclass of their own (torch's config modules) go
+by name like plain modules. Everything else (what goes by value, by reference) is cloudpickle's.
 """
 
 from __future__ import annotations
 
+import importlib
 import io
+import sys
 import types
 from collections import ChainMap
 from collections.abc import Callable
@@ -34,6 +37,22 @@ def _reduce_code(code: types.CodeType) -> tuple[Any, ...]:
 
 class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle is untyped
     dispatch_table: ClassVar[ChainMap[type, Any]] = ChainMap({types.CodeType: _reduce_code}, _BASE)
+
+    def reducer_override(self, obj: Any) -> Any:
+        """A module of a subclass of its own goes by name, as a plain module does.
+
+        torch makes its config modules (``torch.distributed.config``...) such objects, and
+        cloudpickle sends with a function every imported submodule whose name's parts all
+        appear in its code (``import torch.distributed`` and ``model.config`` are enough);
+        its own rule takes plain modules only, and the config module could not be pickled.
+        """
+        if (
+            isinstance(obj, types.ModuleType)
+            and type(obj) is not types.ModuleType
+            and sys.modules.get(obj.__name__) is obj
+        ):
+            return importlib.import_module, (obj.__name__,)
+        return super().reducer_override(obj)
 
 
 def dumps(obj: object) -> bytes:

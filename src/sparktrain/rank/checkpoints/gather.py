@@ -48,11 +48,10 @@ class Transfer:
 
 def needed() -> bool:
     """Whether this rank takes part: a restart, with node memory, on more than one node."""
-    local = max(env.contract_int("LOCAL_WORLD_SIZE", 1), 1)
     return (
         env.checkpoint_memory() is not None
         and env.restart_count() > 0
-        and env.contract_world_size() > local
+        and env.contract_world_size() > memory.node_ranks()
     )
 
 
@@ -75,9 +74,10 @@ def _whole(path: Path) -> bool:
     return path.is_file() and not path.name.endswith(".partial")  # one being written
 
 
-def _order(folder: str, holders: int) -> tuple[int, int, str]:
-    step, _, _token = folder.partition("-")
-    return (int(step) if step.isdigit() else -1, holders, folder)
+def _step(folder: str) -> int:
+    """The step of a kept checkpoint's folder (``<step>-<token>``; -1 for another name)."""
+    step = folder.partition("-")[0]
+    return int(step) if step.isdigit() else -1
 
 
 def plan(postings: list[dict[str, Any]]) -> list[Transfer]:
@@ -99,7 +99,7 @@ def plan(postings: list[dict[str, Any]]) -> list[Transfer]:
         for kept in held.values():
             for folder in kept.get(store, {}):
                 counts[folder] = counts.get(folder, 0) + 1
-        newest = max(counts, key=lambda folder: _order(folder, counts[folder]))
+        newest = max(counts, key=lambda folder: (_step(folder), counts[folder], folder))
         holders: dict[str, list[str]] = {}
         sizes: dict[str, int] = {}
         for node, kept in held.items():
@@ -161,9 +161,9 @@ def _move(transfers: list[Transfer], rank: int, board: Any, folder: Path, timeou
             if data is not None and _keep(folder, move, data):
                 taken[move.store, move.folder] = taken.get((move.store, move.folder), 0) + 1
     for (store, kept), count in taken.items():
-        step = _order(kept, 0)[0]
+        step = _step(kept)
         for older in (folder / store).iterdir():  # older steps go, as keep does (one of the
-            if _kept(older) and _order(older.name, 0)[0] < step:  # same step may be the one
+            if _kept(older) and _step(older.name) < step:  # same step may be the one
                 shutil.rmtree(older, ignore_errors=True)  # published: the load's token says)
         got = sum(m.size for m in transfers if m.receiver == rank and m.folder == kept) / 1e9
         print(f"sparktrain: checkpoint step {step}: {count} file(s) ({got:.2f} GB) this node "

@@ -37,6 +37,11 @@ from sparktrain.contract import env
 ELASTIC_REPLICAS = 1
 
 
+def node_ranks() -> int:
+    """The ranks of this node (``LOCAL_WORLD_SIZE``, at least 1)."""
+    return max(env.contract_int("LOCAL_WORLD_SIZE", 1), 1)
+
+
 def replicas_for(replicas: int | None) -> int:
     """The number of copies to send: ``replicas``, or the default (1 in an elastic run)."""
     if replicas is None:
@@ -202,7 +207,7 @@ def exchange(found: Any, storage: Any, step: int, token: str, names: list[str]) 
     import torch
     import torch.distributed as dist
 
-    local = max(env.contract_int("LOCAL_WORLD_SIZE", 1), 1)
+    local = node_ranks()
     if env.checkpoint_memory() is None or found.size <= local:
         return
     nodes: list[Any] = [None] * found.size

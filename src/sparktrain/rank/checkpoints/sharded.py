@@ -15,7 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from sparktrain.contract import env
 from sparktrain.rank.checkpoints import coordinate, memory, phases
 from sparktrain.rank.checkpoints.storage import LocalStorage
 from sparktrain.rank.checkpoints.writer import After, Job
@@ -100,12 +99,11 @@ def _writing(target: phases.Target, staged: Any) -> Path | None:
     if isinstance(target.storage, LocalStorage) or target.replicas < 0:
         return None
     need = _nbytes(staged)
-    local = max(env.contract_int("LOCAL_WORLD_SIZE", 1), 1)
     folder = None
     try:
         folder = memory.writing(target.storage, target.step, target.token, target.rank)
         if folder is not None:
-            memory.room(folder, need * local)
+            memory.room(folder, need * memory.node_ranks())
         return folder
     except OSError as exc:
         _drop(folder)

@@ -5,6 +5,6 @@ runs inside a rank): ``from sparktrain import elastic`` and ``import sparktrain.
 give these functions.
 """
 
-from sparktrain.rank.elastic import accumulation, in_place, target_world_size, world_size
+from sparktrain.rank.elastic import accumulation, in_place, mesh, target_world_size, world_size
 
-__all__ = ["accumulation", "in_place", "target_world_size", "world_size"]
+__all__ = ["accumulation", "in_place", "mesh", "target_world_size", "world_size"]

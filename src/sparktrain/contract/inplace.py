@@ -8,6 +8,12 @@ to the running group (ranks to let go, ranks that join) are ``request/<k>``, num
 counter ``request_slots``; ``joined/<rank>`` tells a joiner the generation it is in,
 ``gone/<rank>`` that a rank left on notice, and ``finished`` that the run read its data to the
 end.
+
+A sharded run (HSDP: each replica group shards the model, the groups replicate it) sets
+``replica_size``: a generation's members are then its replica groups, ``replica_size`` first
+ranks each, in order, and a group that lost a rank is dropped whole (its shards are incomplete).
+Its other ranks wait to join again, as a new group, with a returning node (tickets
+``join_tickets``, ``ticket/<t>``: ``replica_size`` consecutive tickets form a group).
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from typing import Any
 
 SLOTS = "request_slots"
 FINISHED = "finished"
+REPLICA_SIZE = "replica_size"
+TICKETS = "join_tickets"
 
 
 def members(generation: int) -> str:
@@ -32,6 +40,37 @@ def joined(rank: int) -> str:
 def gone(rank: int) -> str:
     """The key a rank sets when it left the group on notice (its committed step count)."""
     return f"gone/{rank}"
+
+
+def abort(generation: int) -> str:
+    """The key that tells generation ``generation``'s ranks to leave their collective."""
+    return f"abort/{generation}"
+
+
+def replica_size(store: Any) -> int:
+    """The ranks of a replica group in ``store``'s run (1: every rank holds the whole model)."""
+    return int(store.get(REPLICA_SIZE)) if store.check([REPLICA_SIZE]) else 1
+
+
+def replica_groups(group: list[int], size: int) -> list[list[int]]:
+    """``group``'s replica groups: ``size`` consecutive members each."""
+    return [group[i : i + size] for i in range(0, len(group), size)]
+
+
+def keep_whole(group: list[int], lost: set[int], size: int) -> tuple[list[int], list[int]]:
+    """The members of ``group`` that go on after ``lost`` are gone, and those dropped.
+
+    A replica group that lost a member is dropped whole; its other members are returned second
+    (alive, out of the group: they wait to join again).
+    """
+    kept: list[int] = []
+    dropped: list[int] = []
+    for replica in replica_groups(group, size):
+        if lost & set(replica):
+            dropped += [rank for rank in replica if rank not in lost]
+        else:
+            kept += replica
+    return kept, dropped
 
 
 def latest(store: Any, known: int) -> int:

@@ -16,7 +16,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
-from sparktrain.contract.inplace import gone, joined, latest, members, post
+from sparktrain.contract.inplace import (
+    abort,
+    gone,
+    joined,
+    keep_whole,
+    latest,
+    members,
+    post,
+    replica_groups,
+    replica_size,
+)
 from sparktrain.driver.monitor import Monitor, say
 from sparktrain.driver.results import Rescale
 from sparktrain.ground.errors import ConfigError
@@ -85,43 +95,82 @@ class Generations:
         self.store, self.world, self.monitor = store, world_size, monitor
         self.generation = 0  # the latest the driver knows of
         self.rescales: list[Rescale] = []
-        self.joining: dict[tuple[int, ...], str] = {}  # ranks started to join -> what they are
+        # ranks started to join (or dropped with their replica group) -> what they are, and the
+        # generation then (a rank let in again has a later generation under joined/<rank>)
+        self.joining: dict[tuple[int, ...], tuple[str, int]] = {}
+        self.partners: dict[tuple[int, ...], tuple[int, ...]] = {}  # noticed -> dropped with them
 
     def lose(self, ranks: set[int], detail: str) -> bool:
         """The group's ``ranks`` are gone: name the others as the next generation.
 
-        Returns ``False`` when no rank of the group would be left.
+        In a sharded run a replica group that lost a rank is dropped whole: its other ranks are
+        out of the next generation and wait to join again with a returning node.
+
+        Returns:
+            ``False`` when no rank of the group would be left, or (sharded) no replica group is
+            whole: the run goes back to its restart path.
         """
         self.generation = latest(self.store, self.generation)
         group = json.loads(self.store.get(members(self.generation)))
         if not ranks & set(group):  # a joiner lost before it was let in: the group is whole
-            self.joining = {r: d for r, d in self.joining.items() if not ranks & set(r)}
+            self.joining = {r: j for r, j in self.joining.items() if not ranks & set(r)}
             return True
-        survivors = [rank for rank in group if rank not in ranks]
+        size = replica_size(self.store)
+        survivors, dropped = keep_whole(group, ranks, size)
         if not survivors:
+            if size > 1:
+                say(
+                    f"sparktrain: elastic: {detail}; no replica group of {size} ranks is whole "
+                    f"(of {replica_groups(group, size)}), so no live copy of every shard is left: "
+                    "the run goes back to its restart path (its newest checkpoint, read from the "
+                    "survivors' memory where they hold it, else from storage)",
+                    self.monitor,
+                )
             return False
         self.generation += 1
         self.store.set(members(self.generation), json.dumps(survivors))
+        self.store.set(abort(self.generation - 1), "1")  # wakes a rank still in a collective
+        if dropped:
+            detail += (
+                f"; replica group(s) with rank(s) {sorted(ranks & set(group))} dropped whole, "
+                f"rank(s) {dropped} wait to join again as a group with a returning node"
+            )
+            self.join(tuple(dropped), f"rank(s) {dropped} of a dropped replica group, healed")
         self._note("lost", detail, len(group), len(survivors))
         return True
 
     def leave(self, ranks: tuple[int, ...]) -> None:
-        """Ask ``ranks`` to leave at the end of their current step (a notice)."""
+        """Ask ``ranks`` to leave at the end of their current step (a notice).
+
+        In a sharded run the other ranks of their replica groups leave the group with them and
+        wait to join again.
+        """
         post(self.store, {"leave": list(ranks)})
+        size = replica_size(self.store)
+        if size > 1:
+            group = json.loads(self.store.get(members(latest(self.store, self.generation))))
+            _, partners = keep_whole(group, set(ranks), size)
+            if partners:
+                self.partners[ranks] = tuple(partners)
 
     def left(self, ranks: tuple[int, ...], detail: str) -> None:
         """A noticed node ended: a rescale if its ``ranks`` left (not if the run ended first)."""
         if self.store.check([gone(rank) for rank in ranks]):
-            self._note("preempted", detail, self.world, self.world - len(ranks))
+            partners = self.partners.pop(ranks, ())
+            if partners:
+                detail += f"; rank(s) {list(partners)} of its replica group(s) wait to join again"
+                self.join(partners, f"rank(s) {list(partners)} of a replica group, healed")
+            self._note("preempted", detail, self.world, self.world - len(ranks) - len(partners))
 
     def join(self, ranks: tuple[int, ...], detail: str) -> None:
         """``ranks`` were started to join the group (they ask in once they have started)."""
-        self.joining[ranks] = detail
+        self.joining[ranks] = (detail, latest(self.store, self.generation))
 
     def check_joined(self) -> None:
         """Record each joining node whose ranks are in (the group let them in: ``joined/<r>``)."""
-        for ranks, detail in list(self.joining.items()):
-            if self.store.check([joined(rank) for rank in ranks]):
+        for ranks, (detail, since) in list(self.joining.items()):
+            keys = [joined(rank) for rank in ranks]
+            if self.store.check(keys) and all(int(self.store.get(k)) > since for k in keys):
                 del self.joining[ranks]
                 self._note("grew", detail, self.world, self.world + len(ranks))
 

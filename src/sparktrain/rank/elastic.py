@@ -48,7 +48,38 @@ def accumulation(base: int = 1) -> int:
     return -(-base * target_world_size() // world_size())
 
 
-def in_place(model: Any, optimizer: Any, make_data: Callable[[int, int], Any]) -> Any:
+def mesh(replicas: int, *, timeout: float = 30.0) -> Any:
+    """Form this rank's replica group for a sharded in-place run; return its device mesh.
+
+    The ranks are divided into ``replicas`` groups of consecutive ranks (``world_size /
+    replicas`` each: put a group on one node, as HSDP does, by launching that many ranks per
+    node). This rank's ``torch.distributed`` process group becomes its replica group (do not call
+    ``init_process_group``): shard the model over the mesh with ``fully_shard(module,
+    mesh=mesh)``, make its optimizer, and pass the mesh to :func:`in_place`, which reduces the
+    gradients across the groups. A group that loses a rank is dropped whole; the run goes on
+    with the others, and the group's other ranks run the training function again to join with
+    a returning node (healed from a live replica, no checkpoint read). See docs/elastic.md,
+    "In place for sharded models".
+
+    Args:
+        replicas: How many copies of the model the run keeps (a divisor of the run's ranks).
+        timeout: The replica group's collective timeout (seconds).
+
+    Raises:
+        ConfigError: ``replicas`` does not divide the ranks, or a process group already exists.
+    """
+    from sparktrain.rank import replicas as groups
+
+    return groups.mesh(replicas, timeout=timeout)
+
+
+def in_place(
+    model: Any,
+    optimizer: Any,
+    make_data: Callable[[int, int], Any],
+    *,
+    mesh: Any = None,
+) -> Any:
     """This rank's in-place elastic loop (``launch(..., min_processes=..., in_place=True)``).
 
     Forms the process group itself (do not call ``init_process_group``), starts every rank from
@@ -58,25 +89,30 @@ def in_place(model: Any, optimizer: Any, make_data: Callable[[int, int], Any]) -
     every rank or none, and steps the optimizer (no DDP wrapper, no ``optimizer.step()``).
     ``make_data(rank, world_size)`` makes this rank's dataset at a size (a ``sparktrain.data``
     dataset: after a rescale the rest of the epoch is divided again from its state in memory).
-    See docs/elastic.md, "In place".
+    Use ``run.rank`` and ``run.world_size`` for this rank's place in the run now.
+
+    With ``mesh`` (from :func:`mesh`) the model is sharded inside replica groups (HSDP with
+    ``fully_shard``): the loop returned is a
+    :class:`sparktrain.rank.inplace_sharded.ShardedInPlace`, used the same way. See
+    docs/elastic.md, "In place".
     """
-    import json
+    from sparktrain.rank.replicas import in_place_store
 
+    if mesh is not None:
+        from sparktrain.rank.inplace_sharded import ShardedInPlace
+        from sparktrain.rank.replicas import active
+
+        return ShardedInPlace(model, optimizer, make_data, layout=active(mesh))
     from sparktrain.rank.inplace import InPlace
-    from sparktrain.rank.stores import client_store, contract_store
 
-    me = env.contract_rank()
-    hosted = env.in_place_store()  # the driver's, which outlives every rank
-    if hosted is not None:
-        import torch.distributed as dist
-
-        host, port, secret = hosted
-        store = dist.PrefixStore(secret, client_store(host, port, 600))  # type: ignore[attr-defined]
-    else:
-        store = contract_store()
-        if me == 0:
-            store.set("members/0", json.dumps(list(range(env.contract_world_size()))))
-    return InPlace(model, optimizer, make_data, store=store, me=me, joining=env.in_place_joining())
+    return InPlace(
+        model,
+        optimizer,
+        make_data,
+        store=in_place_store(),
+        me=env.contract_rank(),
+        joining=env.in_place_joining(),
+    )
 
 
-__all__ = ["accumulation", "in_place", "target_world_size", "world_size"]
+__all__ = ["accumulation", "in_place", "mesh", "target_world_size", "world_size"]

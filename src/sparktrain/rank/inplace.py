@@ -31,6 +31,7 @@ from typing import Any
 
 from sparktrain.contract.inplace import FINISHED, gone, joined, members, post, posted, request
 from sparktrain.ground.errors import ConfigError
+from sparktrain.rank import process_groups
 
 #: How often a rank waiting on a collective looks at its generation's abort key (seconds).
 ABORT_POLL_SECONDS = 0.01
@@ -115,11 +116,15 @@ class InPlace:
                 dist.broadcast(tensor, 0)
         _on_sigterm(self.leave)
 
-    def _let_in(self) -> bool:
-        """Wait until the group lets this joiner in (``True``) or the run ends (``False``)."""
+    def _let_in(self, after: int = -1) -> bool:
+        """Wait until the group lets this joiner in (``True``) or the run ends (``False``).
+
+        ``after``: the generation it asked in at (a rank let in once before, and again now, is
+        let in at a later one).
+        """
         key, deadline = joined(self.me), time.monotonic() + MEMBERS_TIMEOUT
         while time.monotonic() < deadline:
-            if self.store.check([key]):
+            if self.store.check([key]) and int(self.store.get(key)) > after:
                 self.generation = int(self.store.get(key))
                 return True
             if self.store.check([FINISHED]):
@@ -155,9 +160,7 @@ class InPlace:
         # Every member must name the group alike ("0"): torch names it from a counter that a
         # destroy after a failed collective does not always reset (torch 2.13), so a survivor
         # and a joiner would wait on each other's keys under different names.
-        world = getattr(dist.distributed_c10d, "_world", None)
-        if world is not None and hasattr(world, "group_count"):
-            world.group_count = 0
+        process_groups.name_from_zero()
         dist.init_process_group(
             "gloo",
             store=dist.PrefixStore(f"g{self.generation}", self.store),  # type: ignore[attr-defined]
@@ -230,12 +233,7 @@ class InPlace:
                 else:
                     view.copy_(p.grad)
                 p.grad = view
-        self.tail.zero_()
-        self.tail[self.rank] = float(self.leaving)
-        if self.rank == 0 and time.monotonic() >= self._next_look:
-            self._requests_seen = posted(self.store, self._requests_seen)
-            self._next_look = time.monotonic() + REQUEST_POLL_SECONDS
-        self.tail[-1] = float(self._requests_seen if self.rank == 0 else 0)
+        self._fill_tail()
         try:
             self._reduce()
         except RuntimeError:  # Aborted too
@@ -244,14 +242,20 @@ class InPlace:
         return True
 
     def _commit(self) -> None:
-        world = self.world_size
         flags = self.tail.tolist()
-        self.grads.div_(world)
+        self.grads.div_(self.world_size)
         self.optimizer.step()
         self.flat.zero_()
         self.steps += 1
         if self.data is not None:
             self.data_state = self.data.state_dict()
+        leavers, joiners = self._requests(flags)
+        if leavers or joiners:
+            self._part(leavers, joiners)
+
+    def _requests(self, flags: list[float]) -> tuple[list[int], list[int]]:
+        """The ranks that leave and join at this step's end, from its reduced tail ``flags``."""
+        world = self.world_size
         leavers = [m for m, flag in zip(self.members, flags[:world], strict=True) if flag > 0]
         joiners: list[int] = []
         for k in range(self.requests_done, int(flags[-1])):
@@ -259,8 +263,16 @@ class InPlace:
             leavers += [m for m in asked.get("leave", ()) if m in self.members]
             joiners += [m for m in asked.get("join", ()) if m not in self.members]
         self.requests_done = max(self.requests_done, int(flags[-1]))
-        if leavers or joiners:
-            self._part(leavers, joiners)
+        return leavers, joiners
+
+    def _fill_tail(self) -> None:
+        """The tail this rank adds to the step's reduction: its notice; rank 0's requests."""
+        self.tail.zero_()
+        self.tail[self.rank] = float(self.leaving)
+        if self.rank == 0 and time.monotonic() >= self._next_look:
+            self._requests_seen = posted(self.store, self._requests_seen)
+            self._next_look = time.monotonic() + REQUEST_POLL_SECONDS
+        self.tail[-1] = float(self._requests_seen if self.rank == 0 else 0)
 
     def _part(self, leavers: list[int], joiners: list[int]) -> None:
         """After a committed step: the leavers go, the joiners come, the group forms again."""

@@ -43,6 +43,19 @@ BEFORE_DESTROY: list[Callable[[], None]] = []
 KEPT: list[Any] = []
 
 
+def name_from_zero() -> None:
+    """Let the next group be named ``0``: for a group over a store prefix of its own.
+
+    Ranks whose earlier groups differ in number (a survivor and a joiner) must name a new group
+    alike, and the prefix keeps its keys apart from every earlier group's.
+    """
+    import torch.distributed as dist
+
+    world = getattr(dist.distributed_c10d, "_world", None)
+    if world is not None and hasattr(world, "group_count"):
+        world.group_count = 0
+
+
 def _keep_registered() -> None:
     from torch.distributed import distributed_c10d
 

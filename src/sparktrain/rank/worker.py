@@ -168,6 +168,24 @@ def _unwrap(value: Any) -> Any:
 
 
 def _run_entry(req: RankRequest) -> Any:
+    """Run the training function (or script); again, as a joiner, while its replica group drops.
+
+    Only a sharded in-place run (``sparktrain.elastic.mesh``) runs it again: a rank whose replica
+    group lost a member leaves it and joins the run anew (see ``sparktrain.rank.replicas``).
+    """
+    while True:
+        try:
+            return _run_once(req)
+        except BaseException as error:
+            if "sparktrain.rank.replicas" not in sys.modules:
+                raise
+            from sparktrain.rank.replicas import rejoin_after
+
+            if not rejoin_after(error):
+                raise
+
+
+def _run_once(req: RankRequest) -> Any:
     if req.script is not None:
         sys.argv = [req.script.path, *req.script.args]
         sys.path.insert(0, os.path.dirname(req.script.path))

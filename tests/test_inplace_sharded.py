@@ -1,0 +1,256 @@
+"""Elastic in place for sharded models (HSDP): replica groups of FSDP2 shards on a LocalCluster.
+
+Each rank logs, before each step, the step number, the generation it runs in and its batch's
+ids (``P``), and after a committed step the same step and generation (``C``). A step commits
+in one generation on every rank of it or on none, and a rank attempts a step once per
+generation, so the batches that made committed step ``s`` are exactly the ``P s g`` lines of the
+``g`` it committed in: the test replays those in one process (each step's loss averaged over its
+ranks, AdamW) and compares the weights, and checks that every row was trained exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+ROWS, BATCH = 192, 4
+
+
+def _model() -> Any:
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+
+def _hsdp_train(
+    data_dir: str, log_dir: str, replicas: int, step_seconds: float, starts: int
+) -> Any:
+    """One rank: FSDP2 inside its replica group, in place across groups; logs as described."""
+    import torch
+    from torch.distributed.fsdp import fully_shard
+
+    import sparktrain
+    from sparktrain.data import from_parquet
+
+    Path(log_dir, f"started-{os.getpid()}-{time.time_ns()}").touch()
+    mesh = sparktrain.elastic.mesh(replicas=replicas)
+    model = _model()
+    for layer in (model[0], model[2]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.02)
+
+    def make_data(rank: int, world: int) -> object:
+        return from_parquet(data_dir, batch_size=BATCH, shuffle=False, rank=rank, world_size=world)
+
+    run = sparktrain.elastic.in_place(model, optimizer, make_data, mesh=mesh)
+    with open(Path(log_dir, f"rank{run.me}.txt"), "a") as out:
+        for batch in run.batches():
+            x = batch["x"][:, None]
+            loss = ((model(x) - 2 * x) ** 2).mean()
+            loss.backward()
+            step, generation = run.steps + 1, run.generation
+            ids = " ".join(str(int(i)) for i in batch["id"])
+            out.write(f"P {step} {generation} {ids}\n")
+            out.flush()
+            if run.step():
+                out.write(f"C {step} {generation} {run.world_size}\n")
+                out.flush()
+            sparktrain.report(step=run.steps, world=run.world_size)
+            time.sleep(step_seconds)
+            deadline = time.monotonic() + 120
+            while (  # after a loss, wait for the returning ranks to start (a loaded machine)
+                run.world_size < sparktrain.elastic.target_world_size()
+                and time.monotonic() < deadline
+                and len(list(Path(log_dir).glob("started-*"))) < starts
+            ):
+                time.sleep(0.05)
+    weights = {n: p.full_tensor().reshape(-1).tolist() for n, p in model.named_parameters()}
+    end = {"me": run.me, "steps": run.steps, "world": run.world_size, "weights": weights}
+    Path(log_dir, f"end{run.me}.json").write_text(json.dumps(end))  # a joiner's too
+    return end
+
+
+def _table(tmp_path: Path) -> str:
+    import numpy as np
+
+    table = pa.table({"id": np.arange(ROWS), "x": np.linspace(0, 1, ROWS, dtype=np.float32)})
+    (tmp_path / "data").mkdir()
+    pq.write_table(table, tmp_path / "data" / "part-0.parquet", row_group_size=16)
+    (tmp_path / "logs").mkdir()
+    return str(tmp_path / "data")
+
+
+def _launch(
+    tmp_path: Path, cluster: Any, ranks: int, replicas: int, on_report: Any, **kw: Any
+) -> Any:
+    from sparktrain import launch
+
+    return launch(
+        _hsdp_train,
+        (str(tmp_path / "data"), str(tmp_path / "logs"), replicas, kw.get("step_seconds", 0.1),
+         kw.get("starts", 0)),
+        num_processes=ranks,
+        backend=cluster,
+        min_processes=1,
+        in_place=True,
+        on_report=on_report,
+        progress=False,
+        return_all=True,
+    )  # fmt: skip
+
+
+def _committed_steps(logs: Path) -> dict[int, list[list[int]]]:
+    """Each committed step's batches (the ``P`` lines of the generation it committed in)."""
+    pending: dict[tuple[int, int], list[list[int]]] = {}
+    committed: dict[int, int] = {}
+    for path in logs.glob("rank*.txt"):
+        for line in path.read_text().splitlines():
+            kind, step, generation, *rest = line.split()
+            if kind == "P":
+                pending.setdefault((int(step), int(generation)), []).append([int(i) for i in rest])
+            else:
+                assert committed.setdefault(int(step), int(generation)) == int(generation), line
+    return {step: pending[(step, generation)] for step, generation in committed.items()}
+
+
+def _assert_like_one_process(logs: Path, finishers: list[dict]) -> None:
+    """Every row trained once; every finisher's weights equal to a one-process replay."""
+    import torch
+
+    steps = _committed_steps(logs)
+    assert sorted(steps) == list(range(1, len(steps) + 1))
+    rows = sorted(i for batches in steps.values() for batch in batches for i in batch)
+    assert rows == list(range(ROWS))
+    model = _model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.02)
+    xs = torch.linspace(0, 1, ROWS)
+    for step in sorted(steps):
+        batches = steps[step]
+        for ids in batches:
+            x = xs[ids][:, None]
+            (((model(x) - 2 * x) ** 2).mean() / len(batches)).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    replay = {n: p.detach().reshape(-1).tolist() for n, p in model.named_parameters()}
+    for result in finishers:
+        assert result["steps"] == len(steps)
+        for name, values in replay.items():
+            assert result["weights"][name] == pytest.approx(values, abs=1e-5), (result["me"], name)
+
+
+def test_an_hsdp_2x2_run_loses_a_replica_group_and_goes_on_in_place(tmp_path: Path) -> None:
+    """2 nodes of 2 ranks, each node a replica group of 2 shards; node 1 is killed at step 3:
+    its group goes, the other keeps its shards and goes on alone, no restart, no checkpoint."""
+    from sparktrain import LocalCluster
+
+    _table(tmp_path)
+    cluster = LocalCluster(nodes=2, procs_per_node=2)
+    killed: list[float] = []
+
+    def on_report(rank: int, record: dict) -> None:
+        if rank == 0 and record.get("step") == 3 and not killed:
+            killed.append(time.time())
+            cluster.kill_node(1)
+
+    result = _launch(tmp_path, cluster, 4, 2, on_report)
+    assert killed and result.attempts == 1 and result.world_size == 2
+    (lost,) = result.rescales
+    assert (lost.cause, lost.old_world_size, lost.new_world_size, lost.in_place) == (
+        "lost", 4, 2, True,
+    )  # fmt: skip
+    finishers = [result.return_values[r] for r in (0, 1)]
+    assert [f["world"] for f in finishers] == [2, 2]
+    _assert_like_one_process(tmp_path / "logs", finishers)
+    assert not list(tmp_path.glob("**/*.ckpt*"))
+    assert cluster.node_pids() == {}
+
+
+def test_a_returning_node_heals_its_replica_group_from_a_live_replica(tmp_path: Path) -> None:
+    """4 nodes of 1 rank, 2 replica groups of 2; node 3 is killed: group [2, 3] is dropped and
+    rank 2 waits; a node returns, joins rank 2 as a new group, and heals from group [0, 1]: all
+    four end with the same weights as a one-process replay, every row once."""
+    from sparktrain import LocalCluster
+
+    _table(tmp_path)
+    cluster = LocalCluster(nodes=4)
+    killed: list[float] = []
+
+    def on_report(rank: int, record: dict) -> None:
+        if rank == 0 and record.get("step") == 3 and not killed:
+            killed.append(time.time())
+            cluster.kill_node(3)
+            cluster.add_node()
+
+    # 4 first starts, rank 2's second, the returning node's: the survivors wait for all 6
+    result = _launch(tmp_path, cluster, 4, 2, on_report, starts=6, step_seconds=0.2)
+    assert killed and result.attempts == 1 and result.world_size == 4
+    causes = sorted((r.cause, r.old_world_size, r.new_world_size) for r in result.rescales)
+    assert causes[-1] == ("lost", 4, 2), causes
+    assert [c[0] for c in causes[:-1]] == ["grew", "grew"], causes
+    ends = [json.loads(p.read_text()) for p in (tmp_path / "logs").glob("end*.json")]
+    finishers = [v for v in ends if v["world"] == 4]
+    assert sorted(f["me"] for f in finishers) == [0, 1, 2, 4]
+    _assert_like_one_process(tmp_path / "logs", finishers)
+    assert cluster.node_pids() == {}
+
+
+def test_a_shard_with_no_live_replica_goes_back_to_the_restart_path(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """One replica group of 2 shards over 2 nodes: a lost node leaves half of every parameter
+    with no copy, so the run restarts (its second attempt, 1 rank) and says why."""
+    from sparktrain import LocalCluster
+
+    _table(tmp_path)
+    cluster = LocalCluster(nodes=2)
+    killed: list[float] = []
+
+    def on_report(rank: int, record: dict) -> None:
+        if rank == 0 and record.get("step") == 3 and not killed:
+            killed.append(time.time())
+            cluster.kill_node(1)
+
+    result = _launch(tmp_path, cluster, 2, 1, on_report)
+    assert killed and result.attempts == 2 and result.world_size == 1
+    assert [r.in_place for r in result.rescales] == [False]
+    err = capfd.readouterr().err
+    assert "no replica group of 2 ranks is whole" in err and "restart path" in err
+    assert cluster.node_pids() == {}
+
+
+def test_keep_whole_drops_a_replica_group_that_lost_a_rank() -> None:
+    from sparktrain.contract.inplace import keep_whole
+
+    assert keep_whole([0, 1, 2, 3], {3}, 2) == ([0, 1], [2])
+    assert keep_whole([0, 1, 2, 3], {1, 2}, 2) == ([], [0, 3])
+    assert keep_whole([0, 1, 2], {1}, 1) == ([0, 2], [])
+    assert keep_whole([4, 2, 0, 1], {0}, 2) == ([4, 2], [1])
+
+
+def test_a_replica_count_that_does_not_divide_the_ranks_is_named() -> None:
+    from sparktrain import ConfigError
+    from sparktrain.rank.replicas import _check_replicas
+
+    assert _check_replicas(2, 4) == 2
+    with pytest.raises(ConfigError, match="6 ranks do not divide into 4 replica groups"):
+        _check_replicas(4, 6)
+    with pytest.raises(ConfigError, match="replicas must be a whole number"):
+        _check_replicas(0, 4)
+
+
+def test_in_place_refuses_a_mesh_it_did_not_make() -> None:
+    import sparktrain
+    from sparktrain import ConfigError
+
+    with pytest.raises(ConfigError, match=r"takes the mesh that sparktrain.elastic.mesh"):
+        sparktrain.elastic.in_place(object(), object(), lambda r, w: [], mesh=object())

@@ -27,8 +27,8 @@ cloudpickle.register_pickle_by_value(test_elastic)
 
 
 @contextlib.contextmanager
-def two_node_cluster(system_config: dict[str, Any] | None = None) -> Iterator[Any]:
-    """A head node and a worker node, one CPU each, with this process connected."""
+def two_node_cluster(system_config: dict[str, Any] | None = None, cpus: int = 1) -> Iterator[Any]:
+    """A head node and a worker node, ``cpus`` CPUs each, with this process connected."""
     ray = pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
@@ -37,12 +37,12 @@ def two_node_cluster(system_config: dict[str, Any] | None = None) -> Iterator[An
     os.environ["RAY_AUTH_MODE"] = "disabled"
     if ray.is_initialized():
         ray.shutdown()
-    head: dict[str, Any] = {"num_cpus": 1, "include_dashboard": False}
+    head: dict[str, Any] = {"num_cpus": cpus, "include_dashboard": False}
     if system_config:
         head["_system_config"] = system_config
     cluster = Cluster(initialize_head=True, head_node_args=head)
     try:
-        cluster.add_node(num_cpus=1)
+        cluster.add_node(num_cpus=cpus)
         cluster.wait_for_nodes()
         ray.init(address=cluster.address)
         yield cluster

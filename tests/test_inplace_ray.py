@@ -77,3 +77,41 @@ def test_a_ray_node_removed_then_added_back_heals_from_a_live_peer(
     assert (tmp_path / "logs" / "rank2.txt").read_text(), "the joiner trained at size 2"
     assert logged_rows(tmp_path / "logs") == list(range(ROWS))
     assert not list(tmp_path.glob("**/*.ckpt*"))
+
+
+def test_an_hsdp_run_on_ray_loses_a_replica_group_and_goes_on_in_place(tmp_path: Path) -> None:
+    """Two Ray nodes of 2 CPUs, a rank each: 4 ranks, 2 replica groups of 2 shards, one group a
+    node. The worker node is removed: its group goes, the other keeps its shards and goes on
+    (no restart, no checkpoint), weights equal to a one-process replay, every row once."""
+    import test_inplace_sharded
+    from sparktrain import launch
+
+    cloudpickle.register_pickle_by_value(test_inplace_sharded)
+    test_inplace_sharded._table(tmp_path)
+    fast = {"health_check_period_ms": 500, "health_check_failure_threshold": 3}
+    with two_node_cluster(fast, cpus=2) as cluster:
+        worker = cluster.list_all_nodes()[-1]
+        removed: list[int] = []
+
+        def on_report(rank: int, record: dict[str, Any]) -> None:
+            if record.get("step") == 3 and not removed:
+                removed.append(rank)
+                cluster.remove_node(worker, allow_graceful=False)
+
+        result = launch(
+            test_inplace_sharded._hsdp_train,
+            (str(tmp_path / "data"), str(tmp_path / "logs"), 2, 0.2, 0),
+            num_processes=4,
+            backend="ray",
+            min_processes=1,
+            in_place=True,
+            on_report=on_report,
+            progress=False,
+        )
+    assert removed and result.attempts == 1 and result.world_size == 2
+    causes = [(r.cause, r.old_world_size, r.new_world_size, r.in_place) for r in result.rescales]
+    assert causes == [("lost", 4, 2, True)]
+    ends = [json.loads(p.read_text()) for p in (tmp_path / "logs").glob("end*.json")]
+    finishers = [end for end in ends if end["world"] == 2]
+    assert len(finishers) == 2
+    test_inplace_sharded._assert_like_one_process(tmp_path / "logs", finishers)

@@ -148,9 +148,14 @@ def _assert_like_one_process(logs: Path, finishers: list[dict]) -> None:
             assert result["weights"][name] == pytest.approx(values, abs=1e-5), (result["me"], name)
 
 
-def test_an_hsdp_2x2_run_loses_a_replica_group_and_goes_on_in_place(tmp_path: Path) -> None:
-    """2 nodes of 2 ranks, each node a replica group of 2 shards; node 1 is killed at step 3:
-    its group goes, the other keeps its shards and goes on alone, no restart, no checkpoint."""
+@pytest.mark.parametrize("how", ["kill", "preempt"])
+def test_an_hsdp_2x2_run_loses_a_replica_group_and_goes_on_in_place(
+    tmp_path: Path, how: str
+) -> None:
+    """2 nodes of 2 ranks, each node a replica group of 2 shards; node 1 is killed (or told to
+    leave, ``sparktrain.preempt``) at step 3: its group goes, the other keeps its shards and goes
+    on alone, no restart, no checkpoint; a notice loses no step."""
+    import sparktrain
     from sparktrain import LocalCluster
 
     _table(tmp_path)
@@ -160,17 +165,27 @@ def test_an_hsdp_2x2_run_loses_a_replica_group_and_goes_on_in_place(tmp_path: Pa
     def on_report(rank: int, record: dict) -> None:
         if rank == 0 and record.get("step") == 3 and not killed:
             killed.append(time.time())
-            cluster.kill_node(1)
+            if how == "kill":
+                cluster.kill_node(1)
+            else:
+                assert sparktrain.preempt(1) == (2, 3)
 
     result = _launch(tmp_path, cluster, 4, 2, on_report)
     assert killed and result.attempts == 1 and result.world_size == 2
     (lost,) = result.rescales
+    cause = "lost" if how == "kill" else "preempted"
     assert (lost.cause, lost.old_world_size, lost.new_world_size, lost.in_place) == (
-        "lost", 4, 2, True,
+        cause, 4, 2, True,
     )  # fmt: skip
-    finishers = [result.return_values[r] for r in (0, 1)]
+    ends = {
+        e["me"]: e for e in map(json.loads, map(Path.read_text, (tmp_path / "logs").glob("end*")))
+    }
+    finishers = [ends[0], ends[1]]
     assert [f["world"] for f in finishers] == [2, 2]
     _assert_like_one_process(tmp_path / "logs", finishers)
+    if how == "preempt":  # it left after a committed step: no step in flight was lost
+        assert {0, 1, 2, 3} <= set(ends) and ends[2]["world"] == 4
+        assert len(_committed_steps(tmp_path / "logs")) == ends[0]["steps"]
     assert not list(tmp_path.glob("**/*.ckpt*"))
     assert cluster.node_pids() == {}
 

@@ -112,15 +112,27 @@ def _check_replicas(replicas: object, world: int) -> int:
 
 
 def _tickets(store: Any, me: int, size: int) -> tuple[list[int], int, str] | None:
-    """A joiner's group: its members, this rank's place, the group's tag; ``None``: run ended."""
+    """A joiner's group: its members, this rank's place, the group's tag; ``None``: run ended.
+
+    The group's members decide its fate once, for all of them (``compare_set`` on the group's
+    key): formed when its tickets are all taken, abandoned when one of them saw the run end
+    first. A member that went its own way while another formed the group would leave that one
+    waiting for it in ``init_process_group``.
+    """
     ticket = int(store.add(TICKETS, 1)) - 1
     store.set(f"ticket/{ticket}", str(me))
     first = ticket - ticket % size
-    keys = [f"ticket/{t}" for t in range(first, first + size)]
-    while not store.check(keys):
+    keys, fate = [f"ticket/{t}" for t in range(first, first + size)], f"fate/{first}"
+    while True:
+        if store.check(keys):
+            decided = store.compare_set(fate, "", "formed")
+            break
         if store.check([FINISHED]):
-            return None
+            decided = store.compare_set(fate, "", "abandoned")
+            break
         time.sleep(POLL_SECONDS)
+    if (decided.decode() if isinstance(decided, bytes) else decided) != "formed":
+        return None
     return [int(store.get(k)) for k in keys], ticket - first, f"shard/join/{first}"
 
 

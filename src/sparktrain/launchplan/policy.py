@@ -134,7 +134,8 @@ def decide(ended: Ended, tally: Tally, options: RunOptions, room: Callable[[], R
         return Decision("raise", tally, "final")
     rescales_left = tally.rescales < options.recovery.max_rescales
     if ended.kind == "capacity went":
-        again = options.elastic and tally.rescales > 0 and rescales_left
+        # it fitted when sized (the first attempt too): nodes went before it started
+        again = options.elastic and rescales_left
         return _resize("shrink", tally, room()) if again else Decision("raise", tally, "final")
     if ended.forming:
         if ended.size in tally.forming:

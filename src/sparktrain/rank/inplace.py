@@ -29,7 +29,16 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
-from sparktrain.contract.inplace import FINISHED, gone, joined, members, post, posted, request
+from sparktrain.contract.inplace import (
+    FINISHED,
+    gone,
+    joined,
+    latest,
+    members,
+    post,
+    posted,
+    request,
+)
 from sparktrain.ground.errors import ConfigError
 from sparktrain.rank import process_groups
 
@@ -147,15 +156,39 @@ class InPlace:
         return len(self.members)
 
     # -- the group -----------------------------------------------------------------------------
+    def _assemble(self) -> bool:
+        """Wait until every member of the latest generation is here; ``False``: not a member.
+
+        A generation named while its ranks still gather (a node lost during start-up, or while
+        the survivors of a loss form their group) is followed at once: the ranks never wait in
+        ``init_process_group`` for a rank that is gone (that wait only ends at its timeout).
+        """
+        self.store.wait([members(self.generation)], timedelta(seconds=MEMBERS_TIMEOUT))
+        deadline = time.monotonic() + MEMBERS_TIMEOUT
+        while True:
+            self.generation = latest(self.store, self.generation)
+            self.members = json.loads(self.store.get(members(self.generation)))
+            if self.me not in self.members:
+                return False
+            here = f"here/{self.generation}"
+            self.store.set(f"{here}/{self.me}", "1")
+            keys = [f"{here}/{m}" for m in self.members]
+            while not self.store.check([members(self.generation + 1)]):
+                if self.store.check(keys):
+                    return True
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"rank {self.me}: the members of generation {self.generation} "
+                        f"({self.members}) did not all arrive within {MEMBERS_TIMEOUT:.0f} s"
+                    )
+                time.sleep(ABORT_POLL_SECONDS)
+
     def _form(self) -> None:
-        """Join generation ``self.generation``; the gradients become views of a new buffer."""
+        """Join the latest generation; the gradients become views of a new buffer."""
         import torch
         import torch.distributed as dist
 
-        key = members(self.generation)
-        self.store.wait([key], timedelta(seconds=MEMBERS_TIMEOUT))
-        self.members = json.loads(self.store.get(key))
-        if self.me not in self.members:
+        if not self._assemble():
             raise ConfigError(f"rank {self.me} is not a member of generation {self.generation}")
         # Every member must name the group alike ("0"): torch names it from a counter that a
         # destroy after a failed collective does not always reset (torch 2.13), so a survivor
@@ -302,15 +335,13 @@ class InPlace:
         self.store.set(f"state/{old}/{self.me}", str(self.steps))
         dist.destroy_process_group()
         self.generation += 1
-        self.store.wait([members(self.generation)], timedelta(seconds=MEMBERS_TIMEOUT))
-        survivors = json.loads(self.store.get(members(self.generation)))
-        keys = [f"state/{old}/{m}" for m in survivors]
-        self.store.wait(keys, timedelta(seconds=MEMBERS_TIMEOUT))
-        counts = [int(self.store.get(k)) for k in keys]
-        mine, top = self.steps, max(counts)
+        mine = self.steps
         self._form()  # a new buffer: the step in flight's gradients are gone
-        if min(counts) < top:  # some completed the step in flight: the others take it from them
-            self._heal(counts.index(top))
+        # every member wrote its count before it arrived in the generation it formed
+        counts = {m: int(self.store.get(f"state/{old}/{m}")) for m in self.members}
+        top = max(counts.values())
+        if min(counts.values()) < top:  # some completed the step in flight: the others take it
+            self._heal(self.members.index(max(self.members, key=counts.__getitem__)))
         self._reshard = True
         if self.steps > mine:
             return True

@@ -35,7 +35,7 @@ from sparktrain.contract.inplace import (
     replica_groups,
 )
 from sparktrain.ground.errors import ConfigError
-from sparktrain.rank.inplace import MEMBERS_TIMEOUT, Aborted, InPlace, _on_sigterm
+from sparktrain.rank.inplace import Aborted, InPlace, _on_sigterm
 from sparktrain.rank.replica_heal import (
     broadcast_object,
     load_optimizer_state,
@@ -126,9 +126,7 @@ class ShardedInPlace(InPlace):
         import torch
         import torch.distributed as dist
 
-        self.store.wait([members(self.generation)], timedelta(seconds=MEMBERS_TIMEOUT))
-        self.members = json.loads(self.store.get(members(self.generation)))
-        if self.me not in self.members:
+        if not self._assemble():
             raise Dropped(f"rank {self.me} is not a member of generation {self.generation}")
         place, size = self.members.index(self.me), self.layout.size
         if place % size != self.layout.index:
@@ -280,13 +278,10 @@ class ShardedInPlace(InPlace):
         self.store.set(f"state/{old}/{self.me}", json.dumps([self.steps, self.reduced]))
         self.close()
         self.generation += 1
-        self.store.wait([members(self.generation)], timedelta(seconds=MEMBERS_TIMEOUT))
-        survivors = json.loads(self.store.get(members(self.generation)))
-        if self.me not in survivors:
+        if not self._assemble():
             raise Dropped(f"a peer of rank {self.me}'s replica group was lost")
-        keys = [f"state/{old}/{m}" for m in survivors]
-        self.store.wait(keys, timedelta(seconds=MEMBERS_TIMEOUT))
-        top = max(json.loads(self.store.get(k))[0] for k in keys)
+        # every member wrote its state before it arrived in the generation it forms
+        top = max(json.loads(self.store.get(f"state/{old}/{m}"))[0] for m in self.members)
         committed = False
         if self.steps < top:  # a peer committed: every rank reduced the step; commit it here
             if not self.reduced:

@@ -96,3 +96,29 @@ def test_only_a_restart_on_several_nodes_with_memory_fetches(
     assert gather.needed() is expected
     monkeypatch.delenv("SPARKTRAIN_CHECKPOINT_MEMORY")
     assert gather.needed() is False
+
+
+def test_a_rank_joining_in_place_does_not_gather(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A joiner starts long after its attempt's ranks gathered; it heals from live peers."""
+    monkeypatch.setenv("SPARKTRAIN_CHECKPOINT_MEMORY", "/nowhere")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert gather.needed()
+    monkeypatch.setenv("SPARKTRAIN_IN_PLACE_JOIN", "1")
+    assert not gather.needed()
+
+
+def test_the_ranks_stop_waiting_for_a_lost_ranks_posting() -> None:
+    """Rank 1 was lost before it posted (an in-place run goes on without it): the others give
+    up the gather at once instead of waiting for its posting until the store's timeout."""
+    import torch.distributed as dist
+
+    board = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # type: ignore[attr-defined]
+    board.set("held/0", "{}")
+    with pytest.raises(RuntimeError, match="lost before it posted"):
+        gather._postings(board, 2, 600, lambda: True)
+    with pytest.raises(TimeoutError, match="posted what its node holds in 0 s"):
+        gather._postings(board, 2, 0.1, lambda: False)
+    board.set("held/1", '{"x": 1}')
+    assert gather._postings(board, 2, 600, lambda: True) == [{}, {"x": 1}]

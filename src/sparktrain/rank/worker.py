@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -248,7 +249,19 @@ def _fetch_kept_checkpoint(req: RankRequest) -> None:
 
     if gather.needed():
         connect = functools.partial(stores.contract_store, req.store_timeout)
-        gather.run(env.contract_rank(), env.contract_world_size(), connect, req.store_timeout)
+        rank, size = env.contract_rank(), env.contract_world_size()
+        gather.run(rank, size, connect, req.store_timeout, _in_place_loss())
+
+
+def _in_place_loss() -> Callable[[], bool]:
+    """Whether this in-place attempt lost a rank (a later generation is named); never, else."""
+    if env.in_place_store() is None:
+        return lambda: False
+    from sparktrain.contract.inplace import members
+    from sparktrain.rank.replicas import in_place_store
+
+    store = in_place_store()
+    return lambda: bool(store.check([members(1)]))
 
 
 def _checkpoints_published() -> None:

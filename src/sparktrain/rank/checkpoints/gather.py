@@ -22,6 +22,7 @@ import datetime
 import json
 import shutil
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,9 +48,14 @@ class Transfer:
 
 
 def needed() -> bool:
-    """Whether this rank takes part: a restart, with node memory, on more than one node."""
+    """Whether this rank takes part: a restart, with node memory, on more than one node.
+
+    Not a rank that joins an in-place run: it takes the live state from its peers, and the
+    attempt's ranks gathered (or not) long before it started.
+    """
     return (
-        env.checkpoint_memory() is not None
+        not env.in_place_joining()
+        and env.checkpoint_memory() is not None
         and env.restart_count() > 0
         and env.contract_world_size() > memory.node_ranks()
     )
@@ -118,10 +124,18 @@ def plan(postings: list[dict[str, Any]]) -> list[Transfer]:
     return transfers
 
 
-def run(rank: int, size: int, connect: Callable[[], Any], timeout_s: float) -> None:
+def run(
+    rank: int,
+    size: int,
+    connect: Callable[[], Any],
+    timeout_s: float,
+    lost: Callable[[], bool] = lambda: False,
+) -> None:
     """This rank's part: post, plan, then send and receive its transfers (never raises).
 
-    ``connect()`` gives a client of the run's store; ``timeout_s`` bounds each wait on a peer.
+    ``connect()`` gives a client of the run's store; ``timeout_s`` bounds each wait on a peer;
+    ``lost()`` says that the run has lost a rank since the attempt began (an in-place run goes
+    on without it, so the others stop waiting for its posting at once).
     """
     folder = env.checkpoint_memory()
     if folder is None:
@@ -131,12 +145,27 @@ def run(rank: int, size: int, connect: Callable[[], Any], timeout_s: float) -> N
 
         board = dist.PrefixStore(f"{_PREFIX}/{env.restart_count()}/", connect())  # type: ignore[attr-defined]
         board.set(f"held/{rank}", json.dumps(posting(folder)))
-        postings = [json.loads(board.get(f"held/{r}")) for r in range(size)]
+        postings = _postings(board, size, timeout_s, lost)
         _move(plan(postings), rank, board, Path(folder), timeout_s)
     except Exception as exc:
         print(f"sparktrain: this node's memory did not fetch the checkpoint files it lacks "
               f"({type(exc).__name__}: {exc}); a load reads them from storage",
               file=sys.stderr, flush=True)  # fmt: skip
+
+
+def _postings(
+    board: Any, size: int, timeout_s: float, lost: Callable[[], bool]
+) -> list[dict[str, Any]]:
+    """Every rank's posting; an error when a rank is lost first or ``timeout_s`` passes."""
+    keys = [f"held/{r}" for r in range(size)]
+    deadline = time.monotonic() + timeout_s
+    while not board.check(keys):
+        if lost():
+            raise RuntimeError("a rank of the run was lost before it posted what its node holds")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not every rank posted what its node holds in {timeout_s:.0f} s")
+        time.sleep(0.05)
+    return [json.loads(board.get(key)) for key in keys]
 
 
 def _move(transfers: list[Transfer], rank: int, board: Any, folder: Path, timeout_s: float) -> None:

@@ -46,6 +46,8 @@ from sparktrain.rank import process_groups
 ABORT_POLL_SECONDS = 0.01
 #: How often the generation's rank 0 looks for the driver's requests (seconds).
 REQUEST_POLL_SECONDS = 0.2
+#: How many generations in a row a rank tries to form after a loss before it gives up.
+RECOVERIES = 10
 #: How long the survivors wait for the driver to name the next generation (seconds).
 MEMBERS_TIMEOUT = 60.0
 
@@ -113,8 +115,11 @@ class InPlace:
         if joining:  # ask in when ready: the group does not wait on this rank's start
             post(self.store, {"join": [me]})
             if self._let_in():
-                self._form()
-                self._heal(0)
+                try:
+                    self._form()
+                    self._heal(0)
+                except RuntimeError:  # a member lost while the group took this rank in
+                    self._recovered()
             else:  # the run ended first
                 self.left = True
         else:
@@ -270,9 +275,25 @@ class InPlace:
         try:
             self._reduce()
         except RuntimeError:  # Aborted too
-            return self._recover()
-        self._commit()
+            return self._recovered()
+        try:
+            self._commit()  # a group formed at its end (ranks leave or join) may fail too
+        except RuntimeError:
+            self._recovered()
         return True
+
+    def _recovered(self) -> bool:
+        """:meth:`_recover`, again while the group it forms fails too (a loss while forming).
+
+        Each try waits for the driver to name a newer generation, so a failure that is no loss
+        ends as the last try's error.
+        """
+        for _ in range(RECOVERIES - 1):
+            try:
+                return self._recover()
+            except RuntimeError:  # the new group lost a member while it formed or healed
+                continue
+        return self._recover()
 
     def _commit(self) -> None:
         flags = self.tail.tolist()
@@ -333,7 +354,8 @@ class InPlace:
         old = self.generation
         self.store.set(f"abort/{old}", "1")
         self.store.set(f"state/{old}/{self.me}", str(self.steps))
-        dist.destroy_process_group()
+        if dist.is_initialized():  # not when the group failed to form
+            dist.destroy_process_group()
         self.generation += 1
         mine = self.steps
         self._form()  # a new buffer: the step in flight's gradients are gone

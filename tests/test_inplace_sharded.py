@@ -250,6 +250,20 @@ def test_keep_whole_drops_a_replica_group_that_lost_a_rank() -> None:
     assert keep_whole([0, 1, 2, 3], {1, 2}, 2) == ([], [0, 3])
     assert keep_whole([0, 1, 2], {1}, 1) == ([0, 2], [])
     assert keep_whole([4, 2, 0, 1], {0}, 2) == ([4, 2], [1])
+    assert keep_whole([0, 1, 2], {5}, 2) == ([0, 1], [2])  # a short rest (started short) waits
+
+
+def test_an_attempt_that_started_short_keeps_its_whole_groups() -> None:
+    from sparktrain.contract.inplace import whole_groups
+    from sparktrain.rank.replicas import group_size
+
+    assert group_size(2, 4, 4) == 2 and group_size(2, 3, 4) == 2  # 3 up: a group and a rest
+    assert group_size(2, 1, 4) == 1  # fewer than a group: one group of all
+    assert group_size(1, 1, 2) == 1  # one replica: the attempt's ranks, whatever they are
+
+    assert whole_groups([0, 1, 2], 2) == [0, 1]
+    assert whole_groups([0, 1, 2, 3], 2) == [0, 1, 2, 3]
+    assert whole_groups([3], 2) == []
 
 
 def test_a_replica_count_that_does_not_divide_the_ranks_is_named() -> None:

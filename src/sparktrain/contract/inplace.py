@@ -53,20 +53,26 @@ def replica_size(store: Any) -> int:
 
 
 def replica_groups(group: list[int], size: int) -> list[list[int]]:
-    """``group``'s replica groups: ``size`` consecutive members each."""
+    """``group``'s replica groups: ``size`` consecutive members each (the last may be short)."""
     return [group[i : i + size] for i in range(0, len(group), size)]
+
+
+def whole_groups(group: list[int], size: int) -> list[int]:
+    """The members of ``group`` in whole replica groups (a short rest left out)."""
+    return [m for replica in replica_groups(group, size) if len(replica) == size for m in replica]
 
 
 def keep_whole(group: list[int], lost: set[int], size: int) -> tuple[list[int], list[int]]:
     """The members of ``group`` that go on after ``lost`` are gone, and those dropped.
 
-    A replica group that lost a member is dropped whole; its other members are returned second
-    (alive, out of the group: they wait to join again).
+    A replica group that lost a member is dropped whole, and so is a rest of fewer than ``size``
+    members (an attempt that started short); their other members are returned second (alive,
+    out of the group: they wait to join again).
     """
     kept: list[int] = []
     dropped: list[int] = []
     for replica in replica_groups(group, size):
-        if lost & set(replica):
+        if lost & set(replica) or len(replica) < size:  # a rest of fewer ranks is no group
             dropped += [rank for rank in replica if rank not in lost]
         else:
             kept += replica

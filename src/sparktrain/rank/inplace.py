@@ -161,6 +161,10 @@ class InPlace:
         return len(self.members)
 
     # -- the group -----------------------------------------------------------------------------
+    def _named(self, generation: int) -> list[int]:
+        """The members ``generation`` is named with (in the store)."""
+        return list(json.loads(self.store.get(members(generation))))
+
     def _assemble(self) -> bool:
         """Wait until every member of the latest generation is here; ``False``: not a member.
 
@@ -172,7 +176,7 @@ class InPlace:
         deadline = time.monotonic() + MEMBERS_TIMEOUT
         while True:
             self.generation = latest(self.store, self.generation)
-            self.members = json.loads(self.store.get(members(self.generation)))
+            self.members = self._named(self.generation)
             if self.me not in self.members:
                 return False
             here = f"here/{self.generation}"

@@ -33,6 +33,7 @@ from sparktrain.contract.inplace import (
     members,
     post,
     replica_groups,
+    whole_groups,
 )
 from sparktrain.ground.errors import ConfigError
 from sparktrain.rank.inplace import Aborted, InPlace, _on_sigterm
@@ -121,6 +122,10 @@ class ShardedInPlace(InPlace):
         _on_sigterm(self.leave)
 
     # -- the groups across replicas --------------------------------------------------------------
+    def _named(self, generation: int) -> list[int]:
+        """The generation's members in whole replica groups (a short rest joins later)."""
+        return whole_groups(super()._named(generation), self.layout.size)
+
     def _form(self) -> None:
         """Form this generation's ``world`` and ``shard<k>`` groups; a new gradient buffer."""
         import torch

@@ -111,6 +111,19 @@ def _check_replicas(replicas: object, world: int) -> int:
     return world // replicas
 
 
+def group_size(replicas: int, world: int, target: int) -> int:
+    """The ranks of a replica group in an attempt of ``world`` ranks of a run of ``target``.
+
+    One replica: every rank of the attempt. Else the launch's full size over ``replicas`` (what
+    a shard needs stays the same: an attempt that started short has whole groups and a rest,
+    which joins when a node returns), or one group of all when fewer ranks are up than that.
+    """
+    size = _check_replicas(replicas, target)
+    if replicas == 1:
+        return world
+    return size if world >= size else world
+
+
 def _tickets(store: Any, me: int, size: int) -> tuple[list[int], int, str] | None:
     """A joiner's group: its members, this rank's place, the group's tag; ``None``: run ended.
 
@@ -152,13 +165,16 @@ def mesh(replicas: int, *, timeout: float = 30.0) -> Any:
     since = latest(store, 0)
     finished = False
     if not joining:
+        # A group's size is the launch's full size over ``replicas``: an attempt that started
+        # short (a node lost while it started) has whole groups and a rest, which joins.
         first = json.loads(store.get(members(0)))
-        size = _check_replicas(replicas, len(first))
+        size = group_size(replicas, len(first), env.target_world_size() or len(first))
         store.set(REPLICA_SIZE, str(size))
         place = first.index(me)
         group = replica_groups(first, size)[place // size]
         index, tag = place % size, f"shard/0/{place // size}"
-    else:
+        joining = len(group) < size
+    if joining:
         size = replica_size(store)
         formed = _tickets(store, me, size)
         if formed is None:  # the run ended first: a group of one, which trains nothing

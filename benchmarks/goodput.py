@@ -1,0 +1,249 @@
+"""Goodput under failures: how much of the run's time trains the model when nodes come and go.
+
+Every side trains the same rows once (an epoch of a Parquet dataset of ids; a small transformer
+language model, :mod:`goodput_train`) on a 4-node ``LocalCluster`` of one rank a node, while
+the same seeded schedule of losses plays against it (:mod:`goodput_plan`: a node SIGKILLed every
+``--mean-between`` seconds on average, a share of them notices first, each node back after
+``--back-after`` seconds). For each side:
+
+* wall: from the ``launch`` call to its return (or the rival's start to its end);
+* goodput: the committed full-size steps (rows trained / (4 x batch)) x the fault-free step
+  time (the median time between two committed steps at 4 ranks, in the same run) / wall;
+* exactly once: rows trained twice or never (a side with either fails its check).
+
+Sides today: sparktrain in place with DDP's layout, in place with HSDP (2 replica groups of 2
+shards, ``fully_shard`` in each), and sparktrain's restart path (DDP, asynchronous
+checkpoints every ``--every`` steps, ``grow_back``). torchrun's elastic agent with DCP, torchft
+and Ray Train are not in this script yet (see docs/elastic.md).
+
+    python benchmarks/goodput.py                      # 10 minutes of losses a side
+    python benchmarks/goodput.py --minutes 3 --mean-between 30 --back-after 15
+
+``--child`` is internal: the script runs each side in a process of its own with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import fmt, log, print_machine, report_leftovers
+from goodput_plan import choose, goodput, read_in_place, read_restarts, schedule
+
+SIDES = {
+    "inplace-ddp": "sparktrain in place, DDP",
+    "inplace-hsdp": "sparktrain in place, HSDP 2x2",
+    "restart": "sparktrain restart, ckpts",
+}
+WORLD, BATCH = 4, 4
+#: A notice's lead time: the node's machine goes this long after ``preempt``.
+NOTICE_SECONDS = 2.0
+
+
+def _rows(minutes: float, step_seconds: float) -> int:
+    """Rows for an epoch that lasts about ``minutes`` with no loss (a step's compute ~0.05 s)."""
+    return int(minutes * 60 / (step_seconds + 0.05)) * WORLD * BATCH
+
+
+def write_rows(folder: Path, rows: int) -> str:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True)
+    pq.write_table(pa.table({"id": np.arange(rows, dtype=np.int64)}), folder / "part-0.parquet",
+                   row_group_size=256)  # fmt: skip
+    return str(folder)
+
+
+def _play(cluster: Any, faults: list, in_place: bool, stop: threading.Event, struck: list) -> None:
+    """Apply ``faults`` to ``cluster`` from now on, until ``stop``."""
+    import sparktrain
+
+    start = time.monotonic()
+    for fault in faults:
+        if stop.wait(max(0.0, start + fault.at - time.monotonic())):
+            return
+        node = choose(fault.pick, cluster.nodes_up)
+        if node is None:
+            struck.append({"at": fault.at, "kind": "none up"})
+            continue
+        kind, lead = fault.kind, 0.0
+        if kind == "notice" and in_place:
+            try:
+                sparktrain.preempt(f"node{node}")
+                lead = NOTICE_SECONDS
+            except sparktrain.ConfigError:  # its node is starting or gone: the machine goes
+                kind = "kill"
+        else:
+            kind = "kill"
+        threading.Timer(lead, cluster.kill_node, (node,)).start()
+        threading.Timer(lead + fault.back_after, cluster.add_node).start()
+        struck.append({"at": round(time.monotonic() - start, 2), "kind": kind, "node": node})
+
+
+def child(side: str, work: Path, args: argparse.Namespace) -> None:
+    """Run one side on a fresh 4-node LocalCluster; write ``work/result.json``."""
+    import goodput_train
+
+    import sparktrain
+    from sparktrain import LocalCluster, launch
+
+    in_place = side.startswith("inplace")
+    cluster = LocalCluster(nodes=WORLD)
+    seconds = args.minutes * 60 * 3  # losses keep coming while the run lasts
+    faults = schedule(args.seed, seconds, args.mean_between, args.back_after, args.notice_share)
+    struck: list[dict[str, Any]] = []
+    stop = threading.Event()
+    data, logs = str(work / "data"), str(work / "logs")
+    if in_place:
+        replicas = 2 if side == "inplace-hsdp" else 0
+        function: Any = goodput_train.train_in_place
+        fargs: tuple[Any, ...] = (data, logs, replicas, args.step_seconds, BATCH)
+    else:
+        function = goodput_train.train_restart
+        fargs = (data, str(work / "ckpt"), logs, args.step_seconds, BATCH, args.every)
+    player = threading.Thread(target=_play, args=(cluster, faults, in_place, stop, struck))
+    began = time.monotonic()
+    player.start()
+    try:
+        result = launch(
+            function, fargs, num_processes=WORLD, backend=cluster,
+            min_processes=2 if side == "inplace-hsdp" else 1, grow_back=True, in_place=in_place,
+            max_rescales=100_000, progress=False, log_ranks=[], timeout=args.limit,
+        )  # fmt: skip
+    finally:
+        stop.set()
+        player.join()
+    wall = time.monotonic() - began
+    rescales = [(r.cause, r.old_world_size, r.new_world_size, r.in_place) for r in result.rescales]
+    payload = {"wall": wall, "struck": struck, "rescales": rescales, "attempts": result.attempts}
+    (work / "result.json").write_text(json.dumps(payload))
+    time.sleep(1.0)  # the last timers' nodes
+    sparktrain.shutdown_warm()
+
+
+def run_side(side: str, work: Path, args: argparse.Namespace, rows: int) -> dict[str, Any]:
+    """One side in a child process; what its logs and result say."""
+    work.mkdir(parents=True)
+    (work / "logs").mkdir()
+    write_rows(work / "data", rows)
+    command = [sys.executable, str(Path(__file__).resolve()), "--child", side, str(work)]
+    command += [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
+                if k not in ("child", "keep")]  # fmt: skip
+    with (work / "child.log").open("w") as out:
+        done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT,
+                              timeout=args.limit + 60, check=False)  # fmt: skip
+    found: dict[str, Any] = {"side": SIDES[side], "problems": []}
+    if done.returncode != 0:
+        text = (work / "child.log").read_text()
+        if args.keep:
+            log(f"{side}: its output is in {work / 'child.log'}")
+        tail = "\n".join(text.strip().splitlines()[-12:])
+        found["problems"].append(f"exit {done.returncode}:\n{tail}")
+        return found
+    result = json.loads((work / "result.json").read_text())
+    trained = (read_in_place if side.startswith("inplace") else read_restarts)(work / "logs")
+    step = trained.step_seconds(WORLD)
+    found.update(result)
+    found.update(
+        rows=len(set(trained.rows)), duplicated=trained.duplicated(),
+        missing=trained.missing(rows), step=step, dropped=trained.dropped,
+        goodput=goodput(trained, WORLD, BATCH, result["wall"], step),
+        checkpoint_files=len(list(work.glob("ckpt/**/*"))),
+    )  # fmt: skip
+    if found["duplicated"] or found["missing"]:
+        found["problems"].append(f"{found['duplicated']} rows twice, {found['missing']} never")
+    return found
+
+
+def print_table(found: list[dict[str, Any]], args: argparse.Namespace, rows: int) -> None:
+    print(f"\nGoodput: {rows} rows once, 4 nodes of 1 rank, a loss every {args.mean_between:.0f} s"
+          f" on average (seed {args.seed}, {args.notice_share:.0%} notices), back after "
+          f"{args.back_after:.0f} s, {args.step_seconds} s sleep a step")  # fmt: skip
+    print(f"{'side':28} {'wall s':>8} {'step s':>7} {'goodput':>8} {'losses':>7} {'rescales':>9}"
+          f" {'ckpt files':>10}  exactly once")  # fmt: skip
+    for f in found:
+        if "wall" not in f:
+            print(f"{f['side']:28} failed: {'; '.join(f['problems'])}")
+            continue
+        losses = sum(1 for s in f["struck"] if s["kind"] != "none up")
+        once = "yes" if not f["problems"] else "; ".join(f["problems"])
+        print(f"{f['side']:28} {f['wall']:8.1f} {fmt(f['step']):>7} {fmt(f['goodput']):>8} "
+              f"{losses:>7} {len(f['rescales']):>9} {f['checkpoint_files']:>10}  "
+              f"{once}")  # fmt: skip
+    rivals = [f.get("goodput") or 0 for f in found if "in place" not in f["side"]]
+    best_rival = max(rivals, default=0)
+    print("Goals")
+    for f in found:
+        if "in place" not in f["side"] or not f.get("goodput"):
+            continue
+        good, losses, dropped = f["goodput"], 0, f.get("dropped", 0)
+        losses = sum(1 for s in f["struck"] if s["kind"] != "none up")
+        print(f"  {f['side']}: goodput {good:.3f} (goal >= 0.95: {_met(good >= 0.95)})")
+        if best_rival:
+            times = good / best_rival
+            print(f"    {times:.2f}x the best other side's (goal >= 1.2x: {_met(times >= 1.2)})")
+        print(f"    steps dropped {dropped} for {losses} loss(es) (goal: at most one a loss: "
+              f"{_met(dropped <= losses)}); checkpoint files {f['checkpoint_files']} (goal: none, "
+              "joiners heal from a live replica)")  # fmt: skip
+
+
+def _met(yes: bool) -> str:
+    return "met" if yes else "NOT met"
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--mean-between", type=float, default=60.0)
+    parser.add_argument("--back-after", type=float, default=20.0)
+    parser.add_argument("--notice-share", type=float, default=0.25)
+    parser.add_argument("--step-seconds", type=float, default=0.1)
+    parser.add_argument("--every", type=int, default=50, help="restart path: steps a checkpoint")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--limit", type=float, default=3600.0)
+    parser.add_argument("--sides", default=",".join(SIDES), help=f"of {', '.join(SIDES)}")
+    parser.add_argument("--keep", action="store_true", help="keep the runs' folders")
+    parser.add_argument("--child", nargs=2, metavar=("SIDE", "WORK"))
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        child(args.child[0], Path(args.child[1]), args)
+        return 0
+    print_machine("torch")
+    rows = _rows(args.minutes, args.step_seconds)
+    found = []
+    sides = [s for s in args.sides.split(",") if s]
+    unknown = [s for s in sides if s not in SIDES]
+    if unknown:
+        raise SystemExit(f"--sides: {unknown} unknown; pick from {', '.join(SIDES)}")
+    tmp = tempfile.mkdtemp(prefix="goodput-")
+    try:
+        for index, side in enumerate(sides):
+            log(f"{side}: {rows} rows")
+            found.append(run_side(side, Path(tmp, f"side{index}"), args, rows))
+    finally:
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+    print_table(found, args, rows)
+    report_leftovers()
+    return 0 if all(not f["problems"] for f in found) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

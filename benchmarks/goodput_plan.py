@@ -1,0 +1,147 @@
+"""The goodput benchmark's pure parts: the failure schedule, and what the ranks' logs say.
+
+A schedule is drawn once from a seed and played against every side alike: losses arrive as a
+Poisson process (exponential gaps of mean ``mean_between`` seconds from the run's start), each
+a SIGKILL or, for a share of them, a notice (``sparktrain.preempt``, then the node goes); the
+node returns ``back_after`` seconds later. Which node goes is drawn too (``pick``, a number in
+[0, 1) that chooses among the nodes up then, never the first: it hosts torchrun's store).
+
+The ranks log each step: ``P <step> <generation> <time> <ids>`` before it and ``C <step>
+<generation> <time> <world>`` once committed (in place), or ``R <step>`` at an attempt's
+resume and ``C <step> <generation> <time> <world> <ids>`` after each step (the restart path,
+the generation being the attempt). What counts as trained: in place, the batches of the
+generation each step committed in; on the restart path, each attempt's steps up to the step
+the next attempt resumed from.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One loss of the schedule, ``at`` seconds after the run started."""
+
+    at: float
+    kind: str  # "kill" or "notice"
+    back_after: float
+    pick: float
+
+
+def schedule(
+    seed: int, seconds: float, mean_between: float, back_after: float, notice_share: float
+) -> list[Fault]:
+    """The losses of a run of ``seconds`` (see the module's docstring)."""
+    draw = random.Random(seed)
+    faults, at = [], 0.0
+    while True:
+        at += draw.expovariate(1.0 / mean_between)
+        if at >= seconds:
+            return faults
+        kind = "notice" if draw.random() < notice_share else "kill"
+        faults.append(Fault(round(at, 2), kind, back_after, draw.random()))
+
+
+def choose(pick: float, up: list[int]) -> int | None:
+    """The node a fault takes among those ``up`` (the first one never); ``None``: none."""
+    candidates = sorted(up)[1:]
+    return candidates[int(pick * len(candidates))] if candidates else None
+
+
+@dataclass
+class Trained:
+    """What a side's logs say: the rows trained, and the committed steps' times."""
+
+    rows: list[int] = field(default_factory=list)
+    #: (generation or attempt, step) -> (the first rank's commit time, world size)
+    commits: dict[tuple[int, int], tuple[float, int]] = field(default_factory=dict)
+    resumes: int = 0
+    dropped: int = 0  # in place: steps attempted in a generation and committed in none
+
+    def commit(self, generation: int, step: int, at: float, world: int) -> None:
+        """A rank committed ``step`` in ``generation`` at ``at`` (the earliest rank counts)."""
+        key = (generation, step)
+        if key not in self.commits or at < self.commits[key][0]:
+            self.commits[key] = (at, world)
+
+    def duplicated(self) -> int:
+        """Rows trained more than once."""
+        return len(self.rows) - len(set(self.rows))
+
+    def missing(self, total: int) -> int:
+        """Rows of the dataset never trained."""
+        return total - len(set(self.rows))
+
+    def step_seconds(self, world: int) -> float | None:
+        """The median time between two committed steps at full size (the fault-free step)."""
+        gaps = [
+            self.commits[(g, s + 1)][0] - at
+            for (g, s), (at, size) in self.commits.items()
+            if size == world and (g, s + 1) in self.commits
+        ]
+        return statistics.median(gaps) if gaps else None
+
+
+def _lines(logs: Path) -> list[list[str]]:
+    return [
+        line.split()
+        for path in sorted(logs.glob("*.txt"))
+        for line in path.read_text().splitlines()
+    ]
+
+
+def read_in_place(logs: Path) -> Trained:
+    """In place: each step's batches from the generation it committed in."""
+    pending: dict[tuple[int, int], list[int]] = {}
+    committed: dict[int, int] = {}
+    trained = Trained()
+    for kind, step, generation, at, *rest in _lines(logs):
+        key = (int(step), int(generation))
+        if kind == "P":
+            pending.setdefault(key, []).extend(int(i) for i in rest)
+        elif kind == "C":
+            committed[int(step)] = int(generation)
+            trained.commit(int(generation), int(step), float(at), int(rest[0]))
+    for step, generation in committed.items():
+        trained.rows += pending.get((step, generation), [])
+    trained.dropped = sum(1 for step, generation in pending if committed.get(step) != generation)
+    return trained
+
+
+def read_restarts(logs: Path) -> Trained:
+    """The restart path: each attempt's steps up to the next attempt's resume step."""
+    trained = Trained()
+    resumed: dict[int, int] = {}
+    steps: dict[int, dict[int, list[int]]] = {}
+    for path in sorted(logs.glob("*.txt")):
+        attempt = int(path.name.split("-")[0].removeprefix("attempt"))
+        for line in path.read_text().splitlines():
+            words = line.split()
+            if words[0] == "R":
+                resumed[attempt] = int(words[1])
+            else:
+                step, at, world = int(words[1]), float(words[3]), int(words[4])
+                steps.setdefault(attempt, {}).setdefault(step, []).extend(int(i) for i in words[5:])
+                trained.commit(attempt, step, at, world)
+    order = sorted(steps)
+    trained.resumes = max(0, len(resumed) - 1)
+    for index, attempt in enumerate(order):
+        later = [resumed.get(a, 0) for a in order[index + 1 :]]
+        upto = min(later) if later else None
+        for step, ids in steps[attempt].items():
+            if upto is None or step <= upto:
+                trained.rows += ids
+    return trained
+
+
+def goodput(
+    trained: Trained, world: int, batch: int, wall: float, step: float | None
+) -> float | None:
+    """Committed full-size steps (rows / (world x batch)) x the fault-free step / wall time."""
+    if step is None or wall <= 0:
+        return None
+    return len(set(trained.rows)) / (world * batch) * step / wall

@@ -1,0 +1,141 @@
+"""The goodput benchmark's training loops: a small transformer language model on token rows.
+
+Each row of the dataset is an id; its tokens are drawn from a generator seeded by the id, so
+every side trains the same rows on the same tokens. The model (an embedding, two transformer
+encoder layers, a head: about 30k parameters) trains next-token prediction with AdamW; a sleep
+of ``step_seconds`` after each step stands for the rest of a real step. The loops log as
+:mod:`goodput_plan` reads.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+VOCAB, LENGTH, WIDTH = 64, 16, 32
+
+
+def model() -> Any:
+    """The transformer, the same weights on every rank and side."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+
+    class Tiny(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(VOCAB, WIDTH)
+            self.blocks = nn.ModuleList(
+                nn.TransformerEncoderLayer(WIDTH, 4, 2 * WIDTH, dropout=0.0, batch_first=True)
+                for _ in range(2)
+            )
+            self.head = nn.Linear(WIDTH, VOCAB)
+
+        def forward(self, tokens: Any) -> Any:
+            x = self.embed(tokens)
+            for block in self.blocks:
+                x = block(x)
+            return self.head(x)
+
+    return Tiny()
+
+
+def loss_of(net: Any, ids: Any) -> Any:
+    """Next-token loss on the rows ``ids`` (their tokens drawn from each id)."""
+    import torch
+
+    tokens = torch.stack(
+        [torch.randint(0, VOCAB, (LENGTH,), generator=torch.Generator().manual_seed(int(i)))
+         for i in ids]
+    )  # fmt: skip
+    logits = net(tokens[:, :-1])
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+
+
+def train_in_place(
+    data_dir: str, log_dir: str, replicas: int, step_seconds: float, batch: int
+) -> int:
+    """In place: DDP's layout (``replicas=0``) or HSDP (``replicas`` replica groups)."""
+    import torch
+
+    import sparktrain
+    from sparktrain.data import from_parquet
+
+    mesh = sparktrain.elastic.mesh(replicas=replicas) if replicas else None
+    net = model()
+    if mesh is not None:
+        from torch.distributed.fsdp import fully_shard
+
+        for block in net.blocks:
+            fully_shard(block, mesh=mesh)
+        fully_shard(net, mesh=mesh)
+    optimizer = torch.optim.AdamW(net.parameters(), lr=1e-3)
+
+    def make_data(rank: int, world: int) -> Any:
+        return from_parquet(data_dir, batch_size=batch, seed=3, rank=rank, world_size=world)
+
+    run = sparktrain.elastic.in_place(net, optimizer, make_data, mesh=mesh)
+    with Path(log_dir, f"rank{run.me}-{os.getpid()}.txt").open("a") as out:
+        for rows in run.batches():
+            loss_of(net, rows["id"]).backward()
+            step, generation = run.steps + 1, run.generation
+            ids = " ".join(str(int(i)) for i in rows["id"])
+            out.write(f"P {step} {generation} {time.time():.6f} {ids}\n")
+            out.flush()
+            if run.step():
+                out.write(f"C {step} {generation} {time.time():.6f} {run.world_size}\n")
+                out.flush()
+            sparktrain.report(step=run.steps, world=run.world_size)
+            time.sleep(step_seconds)
+    return run.steps
+
+
+def train_restart(  # noqa: PLR0917 - one tuple of arguments from launch
+    data_dir: str, ckpt_dir: str, log_dir: str, step_seconds: float, batch: int, every: int
+) -> int:
+    """The restart path: DDP, ``sparktrain.checkpoint`` every ``every`` steps, resumed."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import sparktrain
+    from sparktrain import checkpoint
+    from sparktrain.data import from_parquet
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    net = model()
+    ddp = DDP(net)
+    optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+    data = from_parquet(data_dir, batch_size=batch, seed=3)
+    step = 0
+    latest = checkpoint.load_latest(ckpt_dir)
+    if latest is not None:
+        net.load_state_dict(latest.state["model"])
+        optimizer.load_state_dict(latest.state["optimizer"])
+        data.load_state_dict(latest.state["data"])
+        step = latest.step
+    attempt = sparktrain.restart_count()
+    with Path(log_dir, f"attempt{attempt}-rank{rank}-{os.getpid()}.txt").open("a") as out:
+        out.write(f"R {step}\n")
+        out.flush()
+        for rows in data:
+            step += 1
+            loss_of(ddp, rows["id"]).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            ids = " ".join(str(int(i)) for i in rows["id"])
+            out.write(f"C {step} {attempt} {time.time():.6f} {world} {ids}\n")
+            out.flush()
+            sparktrain.report(step=step, world=world)
+            time.sleep(step_seconds)
+            if step % every == 0:
+                state = {"model": net.state_dict(), "optimizer": optimizer.state_dict(),
+                         "data": data.state_dict()}  # fmt: skip
+                checkpoint.save(state, ckpt_dir, step=step)
+    checkpoint.wait()
+    dist.destroy_process_group()
+    return step

@@ -113,10 +113,10 @@ def _renew_ray_node(cluster: nshosts.Hosts, address: str, host: int) -> None:
 
 
 def _wait_alive(address: str, ip: str, *, alive: bool) -> None:
-    """Wait until Ray counts a node at ``ip`` alive (or none), for at most 120 s."""
+    """Wait until Ray counts a node at ``ip`` alive (or none), for at most 300 s (loaded: 175 s)."""
     code = (
         "import ray, sys, time; ray.init(address=sys.argv[1], log_to_driver=False)\n"
-        "deadline = time.monotonic() + 120\n"
+        "deadline = time.monotonic() + 300\n"
         "while any(n['Alive'] and n['NodeManagerAddress'] == sys.argv[2] for n in ray.nodes())"
         " != (sys.argv[3] == '1'):\n"
         "    assert time.monotonic() < deadline, ray.nodes()\n"
@@ -124,20 +124,20 @@ def _wait_alive(address: str, ip: str, *, alive: bool) -> None:
     )
     subprocess.run(
         [sys.executable, "-c", code, address, ip, "1" if alive else "0"], check=True,
-        timeout=180, capture_output=True, env=dict(os.environ, RAY_AUTH_MODE="disabled"),
+        timeout=360, capture_output=True, env=dict(os.environ, RAY_AUTH_MODE="disabled"),
     )  # fmt: skip
 
 
 def _wait_ray_nodes(address: str, count: int, work: Path) -> None:
     code = (
         "import ray, sys, time; ray.init(address=sys.argv[1], log_to_driver=False); "
-        "deadline = time.monotonic() + 120\n"
+        "deadline = time.monotonic() + 300\n"
         "while sum(n['Alive'] for n in ray.nodes()) < int(sys.argv[2]):\n"
         "    assert time.monotonic() < deadline, ray.nodes()\n"
         "    time.sleep(0.5)\n"
     )
     subprocess.run(
-        [sys.executable, "-c", code, address, str(count)], check=True, timeout=180,
+        [sys.executable, "-c", code, address, str(count)], check=True, timeout=360,
         env=dict(os.environ, RAY_AUTH_MODE="disabled"), capture_output=True,
     )  # fmt: skip
 
@@ -171,7 +171,7 @@ spark = (
     .getOrCreate()
 )
 spark.sparkContext.setLogLevel("ERROR")
-deadline = time.monotonic() + 120
+deadline = time.monotonic() + 300
 while spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() < 3:
     assert time.monotonic() < deadline, "two executors did not register"
     time.sleep(0.3)

@@ -26,6 +26,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import stress_patterns as patterns
 
 RUN_TIMEOUT = 30.0
+#: The heavy patterns' bound: each rank imports DeepSpeed or Lightning, which took up to 48 s a
+#: launch on a loaded machine (load 10 on 2 cores); a hang never ends, so a generous bound
+#: still tells one from a slow start.
+HEAVY_TIMEOUT = 180.0
 
 
 def _launch(fn: object, **options: object) -> object:
@@ -71,7 +75,8 @@ def test_fsdp_deepspeed_and_lightning_end_cleanly(pattern: patterns.Pattern) -> 
         pytest.importorskip("deepspeed")
     if "Lightning" in pattern.name:
         pytest.importorskip("lightning")
-    outcomes = [patterns.outcome(pattern, lambda: _launch(pattern.fn)) for _ in range(2)]
+    run = lambda: launch(pattern.fn, num_processes=2, use_gpu=False, timeout=HEAVY_TIMEOUT)  # noqa: E731
+    outcomes = [patterns.outcome(pattern, run) for _ in range(2)]
     assert outcomes == ["ok", "ok"]
 
 

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 BENCH_TAG_VAR = "SPARKTRAIN_BENCH_TAG"
 
@@ -155,3 +156,18 @@ def print_machine(*packages: str) -> None:
     print(f"  platform  : {platform.platform()}")
     print(f"  load avg  : {load_average()} (1, 5, 15 min; other work on the machine skews timings)")
     print(flush=True)
+
+
+def resume(ckpt_dir: str, model: Any, optimizer: Any, data: Any) -> int:
+    """Inside a rank: load the newest ``sparktrain.checkpoint`` into the model, the optimizer and
+    the data reader (saved as ``{"model", "optimizer", "data"}``); its step, 0 when there is none.
+    """
+    from sparktrain import checkpoint
+
+    latest = checkpoint.load_latest(ckpt_dir)
+    if latest is None:
+        return 0
+    model.load_state_dict(latest.state["model"])
+    optimizer.load_state_dict(latest.state["optimizer"])
+    data.load_state_dict(latest.state["data"])
+    return int(latest.step)

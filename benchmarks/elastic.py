@@ -101,6 +101,7 @@ def train(data_dir: str, ckpt_dir: str, log_dir: str, step_seconds: float) -> in
     """
     import torch
     import torch.distributed as dist
+    from _common import resume
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -115,13 +116,7 @@ def train(data_dir: str, ckpt_dir: str, log_dir: str, step_seconds: float) -> in
     model = DDP(net)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     data = from_parquet(data_dir, batch_size=BATCH, seed=3)
-    step = 0
-    latest = checkpoint.load_latest(ckpt_dir)
-    if latest is not None:
-        net.load_state_dict(latest.state["model"])
-        optimizer.load_state_dict(latest.state["optimizer"])
-        data.load_state_dict(latest.state["data"])
-        step = latest.step
+    step = resume(ckpt_dir, net, optimizer, data)
     attempt = sparktrain.restart_count()
     path = Path(log_dir, f"attempt{attempt}-rank{rank}-{os.getpid()}.txt")
     with path.open("a") as out:

@@ -99,6 +99,7 @@ def train_restart(  # noqa: PLR0917 - one tuple of arguments from launch
     """The restart path: DDP, ``sparktrain.checkpoint`` every ``every`` steps, resumed."""
     import torch
     import torch.distributed as dist
+    from _common import resume
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import sparktrain
@@ -111,13 +112,7 @@ def train_restart(  # noqa: PLR0917 - one tuple of arguments from launch
     ddp = DDP(net)
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
     data = from_parquet(data_dir, batch_size=batch, seed=3)
-    step = 0
-    latest = checkpoint.load_latest(ckpt_dir)
-    if latest is not None:
-        net.load_state_dict(latest.state["model"])
-        optimizer.load_state_dict(latest.state["optimizer"])
-        data.load_state_dict(latest.state["data"])
-        step = latest.step
+    step = resume(ckpt_dir, net, optimizer, data)
     attempt = sparktrain.restart_count()
     with Path(log_dir, f"attempt{attempt}-rank{rank}-{os.getpid()}.txt").open("a") as out:
         out.write(f"R {step}\n")

@@ -31,6 +31,7 @@ from typing import Any
 
 from sparktrain.contract.inplace import (
     FINISHED,
+    abort,
     gone,
     joined,
     latest,
@@ -237,12 +238,15 @@ class InPlace:
     def _reduce(self) -> None:
         import torch.distributed as dist
 
-        work = dist.all_reduce(self.flat, async_op=True)
+        self._wait(dist.all_reduce(self.flat, async_op=True))
+
+    def _wait(self, work: Any) -> None:
+        """Wait for ``work``, leaving it when the generation's ``abort`` key is set."""
         done = threading.Event()
         work.get_future().add_done_callback(lambda _: done.set())
-        abort = f"abort/{self.generation}"
+        key = abort(self.generation)
         while not done.wait(ABORT_POLL_SECONDS):  # woken at once when the work ends
-            if self.store.check([abort]):
+            if self.store.check([key]):
                 raise Aborted(f"a peer of generation {self.generation} failed")
         work.wait()
 
@@ -356,7 +360,7 @@ class InPlace:
         import torch.distributed as dist
 
         old = self.generation
-        self.store.set(f"abort/{old}", "1")
+        self.store.set(abort(old), "1")
         self.store.set(f"state/{old}/{self.me}", str(self.steps))
         if dist.is_initialized():  # not when the group failed to form
             dist.destroy_process_group()

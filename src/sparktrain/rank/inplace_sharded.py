@@ -36,7 +36,7 @@ from sparktrain.contract.inplace import (
     whole_groups,
 )
 from sparktrain.ground.errors import ConfigError
-from sparktrain.rank.inplace import Aborted, InPlace, _on_sigterm
+from sparktrain.rank.inplace import InPlace, _on_sigterm
 from sparktrain.rank.replica_heal import (
     broadcast_object,
     load_optimizer_state,
@@ -157,18 +157,6 @@ class ShardedInPlace(InPlace):
         """Let this generation's cross-group groups go (the rank leaves the run's group)."""
         self._spent += self._groups
         self._groups = []
-
-    def _wait(self, work: Any) -> None:
-        """Wait for ``work``, leaving it when the generation's ``abort`` key is set."""
-        import threading
-
-        done = threading.Event()
-        work.get_future().add_done_callback(lambda _: done.set())
-        key = abort(self.generation)
-        while not done.wait(0.01):
-            if self.store.check([key]):
-                raise Aborted(f"a peer of generation {self.generation} failed")
-        work.wait()
 
     def _heal_shards(self, *, full: bool) -> None:
         """Every group takes the first group's shards (``full``: its optimizer and counts too)."""

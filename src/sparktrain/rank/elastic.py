@@ -53,7 +53,8 @@ def mesh(replicas: int, *, timeout: float = 30.0) -> Any:
 
     The ranks are divided into groups of consecutive ranks, the launch's ``num_processes /
     replicas`` each (put a group on one node, as HSDP does, by launching that many ranks per
-    node; an attempt that started short has its whole groups, and the rest joins later). This rank's ``torch.distributed`` process group becomes its replica group (do not call
+    node; an attempt that started short has its whole groups, and the rest joins later). This
+    rank's ``torch.distributed`` process group becomes its replica group (do not call
     ``init_process_group``): shard the model over the mesh with ``fully_shard(module,
     mesh=mesh)``, make its optimizer, and pass the mesh to :func:`in_place`, which reduces the
     gradients across the groups. A group that loses a rank is dropped whole; the run goes on

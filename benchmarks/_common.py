@@ -11,6 +11,7 @@ import importlib.metadata
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -171,3 +172,45 @@ def resume(ckpt_dir: str, model: Any, optimizer: Any, data: Any) -> int:
     optimizer.load_state_dict(latest.state["optimizer"])
     data.load_state_dict(latest.state["data"])
     return int(latest.step)
+
+
+def free_port() -> int:
+    """A free TCP port on loopback."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def listening(port: int) -> bool:
+    """Whether something accepts connections on loopback ``port``."""
+    with socket.socket() as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` and every live descendant (torchrun's workers run in sessions of their own)."""
+    from sparktrain.ground.procfs import parent_of
+
+    parents = {int(e.name): parent_of(e.name) for e in Path("/proc").iterdir() if e.name.isdigit()}
+    tree, frontier = [root], [root]
+    while frontier:
+        children = [pid for pid, parent in parents.items() if parent in frontier]
+        tree += children
+        frontier = children
+    return tree
+
+
+def kill_tree(root: int) -> None:
+    """SIGKILL the process groups of ``root`` and its descendants, then each of them."""
+    tree = process_tree(root)
+    groups = set()
+    for pid in tree:
+        with contextlib.suppress(OSError):
+            groups.add(os.getpgid(pid))
+    for group in groups:
+        with contextlib.suppress(OSError):
+            os.killpg(group, signal.SIGKILL)
+    for pid in tree:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)

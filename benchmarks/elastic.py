@@ -45,12 +45,9 @@ internal: the script runs itself in those modes.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import inspect
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -68,15 +65,16 @@ import inplace_step
 from _common import (
     BENCH_TAG_VAR,
     fmt,
+    free_port,
+    kill_tree,
     leftover_processes,
+    listening,
     log,
     print_machine,
     ratio,
     report_leftovers,
     stop_strays,
 )
-
-from sparktrain.ground.procfs import parent_of
 
 ROWS = 160  # the epoch: 20 steps on 2 ranks, or 5 steps on 2 then 30 on 1 after the kill
 BATCH = 4
@@ -433,44 +431,6 @@ def run_sparktrain(work: Path, limit: float, mode: str = "restart") -> Trial:
 # --------------------------------------------------------------------------------------------
 # torchrun: two elastic agents on this machine
 # --------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def listening(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.2)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
-def process_tree(root: int) -> list[int]:
-    """``root`` and every live descendant (torchrun's workers run in sessions of their own)."""
-    parents = {int(e.name): parent_of(e.name) for e in Path("/proc").iterdir() if e.name.isdigit()}
-    tree, frontier = [root], [root]
-    while frontier:
-        children = [pid for pid, parent in parents.items() if parent in frontier]
-        tree += children
-        frontier = children
-    return tree
-
-
-def kill_tree(root: int) -> None:
-    """SIGKILL the process groups of ``root`` and its descendants, then each of them."""
-    tree = process_tree(root)
-    groups = set()
-    for pid in tree:
-        with contextlib.suppress(OSError):
-            groups.add(os.getpgid(pid))
-    for group in groups:
-        with contextlib.suppress(OSError):
-            os.killpg(group, signal.SIGKILL)
-    for pid in tree:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
 
 
 def start_agent(work: Path, name: str, port: int, rdzv_id: str) -> subprocess.Popen[bytes]:

@@ -134,3 +134,84 @@ def train_restart(  # noqa: PLR0917 - one tuple of arguments from launch
     checkpoint.wait()
     dist.destroy_process_group()
     return step
+
+
+def train_torchrun(  # noqa: PLR0917 - the worker's command line, one loop
+    data_dir: str, ckpt_dir: str, log_dir: str, step_seconds: float, batch: int, every: int
+) -> int:
+    """torchrun's side: DDP, DCP ``async_save`` every ``every`` steps, resumed from the newest.
+
+    As torchtitan does it: the model and optimizer through ``get_state_dict``/``set_state_dict``
+    and DCP (its background save on a gloo group of its own), the data reader's position saved
+    by rank 0 beside it; a checkpoint counts once its ``done`` marker is written, after the save
+    finished on every rank. Each rendezvous round is a generation, named by rank 0's clock.
+    """
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from sparktrain.data import from_parquet
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    saver = dist.new_group(backend="gloo")
+    net = model()
+    ddp = DDP(net)
+    optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+    data = from_parquet(data_dir, batch_size=batch, seed=3)
+    done = sorted(int(p.parent.name) for p in Path(ckpt_dir).glob("*/done"))
+    step = done[-1] if done else 0
+    if step:
+        folder = Path(ckpt_dir, str(step))
+        model_state, optim_state = get_state_dict(net, optimizer)
+        state = {"model": model_state, "optimizer": optim_state}
+        dcp.load(state, checkpoint_id=str(folder))
+        set_state_dict(net, optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"])  # fmt: skip
+        data.load_state_dict(torch.load(folder / "data.pt", weights_only=False))
+    names = [time.time_ns()]
+    dist.broadcast_object_list(names, src=0)
+    generation = names[0]
+    pending: list[tuple[Any, Path]] = []
+
+    def finish() -> None:
+        for future, folder in pending:
+            future.result()
+            if rank == 0:
+                (folder / "done").touch()
+        pending.clear()
+
+    with Path(log_dir, f"attempt{generation}-rank{rank}-{os.getpid()}.txt").open("a") as out:
+        out.write(f"R {step}\n")
+        out.flush()
+        for rows in data:
+            step += 1
+            loss_of(ddp, rows["id"]).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            ids = " ".join(str(int(i)) for i in rows["id"])
+            out.write(f"C {step} {generation} {time.time():.6f} {world} {ids}\n")
+            out.flush()
+            time.sleep(step_seconds)
+            if step % every == 0:
+                finish()
+                folder = Path(ckpt_dir, str(step))
+                if rank == 0:
+                    folder.mkdir(parents=True, exist_ok=True)
+                    torch.save(data.state_dict(), folder / "data.pt")
+                model_state, optim_state = get_state_dict(net, optimizer)
+                state = {"model": model_state, "optimizer": optim_state}
+                future = dcp.async_save(state, checkpoint_id=str(folder), process_group=saver)
+                pending.append((future, folder))
+    finish()
+    dist.destroy_process_group()
+    return step
+
+
+if __name__ == "__main__":  # torchrun's worker: data ckpt logs step_seconds batch every
+    import sys
+
+    data_dir, ckpt_dir, log_dir, seconds, rows, every = sys.argv[1:7]
+    train_torchrun(data_dir, ckpt_dir, log_dir, float(seconds), int(rows), int(every))

@@ -210,6 +210,7 @@ def test_a_node_gone_silent_is_lost_within_the_heartbeat_timeout(
     assert frozen, "node 1 was never frozen"
     [lost] = result.rescales
     assert (lost.cause, lost.old_world_size, lost.new_world_size) == ("lost", 2, 1)
+    assert lost.outcome == "restarted" and not lost.in_place
     assert "sent nothing for 3s" in lost.detail and "node 1" in lost.detail
     # Lost after the 3 s heartbeat timeout, never before; well within TCP's minutes (15 s: the
     # driver's loop on a 2-core machine loaded 3x over took 8.4 s once).

@@ -387,7 +387,7 @@ def test_a_lost_node_of_a_local_cluster_costs_no_restart(tmp_path: Path) -> None
     assert killed and result.attempts == 1
     (lost,) = result.rescales
     assert (lost.cause, lost.old_world_size, lost.new_world_size) == ("lost", 3, 2)
-    assert "node 2" in lost.detail and result.world_size == 2
+    assert "node 2" in lost.detail and result.world_size == 2 and lost.outcome == "kept"
     values = [result.return_values[r] for r in (0, 1)]
     assert values[0]["world"] == 2 and values[0]["weights"] == values[1]["weights"]
     logged = logged_rows(tmp_path / "logs")

@@ -177,6 +177,9 @@ def test_an_hsdp_2x2_run_loses_a_replica_group_and_goes_on_in_place(
     assert (lost.cause, lost.old_world_size, lost.new_world_size, lost.in_place) == (
         cause, 4, 2, True,
     )  # fmt: skip
+    assert lost.outcome == "dropped group" and "the whole groups kept their shards" in (
+        lost.describe()
+    )
     ends = {
         e["me"]: e for e in map(json.loads, map(Path.read_text, (tmp_path / "logs").glob("end*")))
     }
@@ -212,6 +215,7 @@ def test_a_returning_node_heals_its_replica_group_from_a_live_replica(tmp_path: 
     causes = sorted((r.cause, r.old_world_size, r.new_world_size) for r in result.rescales)
     assert causes[-1] == ("lost", 4, 2), causes
     assert [c[0] for c in causes[:-1]] == ["grew", "grew"], causes
+    assert sorted(r.outcome for r in result.rescales) == ["dropped group", "healed", "healed"]
     ends = [json.loads(p.read_text()) for p in (tmp_path / "logs").glob("end*.json")]
     finishers = [v for v in ends if v["world"] == 4]
     assert sorted(f["me"] for f in finishers) == [0, 1, 2, 4]
@@ -237,7 +241,7 @@ def test_a_shard_with_no_live_replica_goes_back_to_the_restart_path(
 
     result = _launch(tmp_path, cluster, 2, 1, on_report)
     assert killed and result.attempts == 2 and result.world_size == 1
-    assert [r.in_place for r in result.rescales] == [False]
+    assert [(r.in_place, r.outcome) for r in result.rescales] == [(False, "restarted")]
     err = capfd.readouterr().err
     assert "no replica group of 2 ranks is whole" in err and "restart path" in err
     assert cluster.node_pids() == {}
@@ -283,3 +287,19 @@ def test_in_place_refuses_a_mesh_it_did_not_make() -> None:
 
     with pytest.raises(ConfigError, match=r"takes the mesh that sparktrain.elastic.mesh"):
         sparktrain.elastic.in_place(object(), object(), lambda r, w: [], mesh=object())
+
+
+def test_each_outcome_says_what_was_kept_and_what_was_reloaded() -> None:
+    """The one line of each outcome: kept in place, a dropped group, healed, restarted."""
+    from sparktrain import Rescale
+
+    def line(cause: Any, outcome: Any, in_place: bool = True) -> str:
+        return Rescale(cause, "node 3", 4, 2, 0.0, in_place=in_place, outcome=outcome).describe()
+
+    assert "no restart, no checkpoint read, the step in flight lost" in line("lost", "kept")
+    dropped = line("lost", "dropped group")
+    assert "the whole groups kept their shards, no checkpoint read" in dropped
+    assert "healed from a live replica" in line("grew", "healed")
+    assert "left" not in line("grew", "healed")  # a grow is not a loss
+    assert "no step lost" in line("preempted", "kept")
+    assert "with no checkpoint loaded" in line("lost", "restarted", in_place=False)

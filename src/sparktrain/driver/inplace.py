@@ -28,7 +28,7 @@ from sparktrain.contract.inplace import (
     replica_size,
 )
 from sparktrain.driver.monitor import Monitor, say
-from sparktrain.driver.results import Rescale
+from sparktrain.driver.results import Outcome, Rescale
 from sparktrain.ground.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -130,13 +130,14 @@ class Generations:
         self.generation += 1
         self.store.set(members(self.generation), json.dumps(survivors))
         self.store.set(abort(self.generation - 1), "1")  # wakes a rank still in a collective
+        outcome: Outcome = "dropped group" if size > 1 else "kept"  # sharded: a group goes
         if dropped:
             detail += (
                 f"; replica group(s) with rank(s) {sorted(ranks & set(group))} dropped whole, "
                 f"rank(s) {dropped} wait to join again as a group with a returning node"
             )
             self.join(tuple(dropped), f"rank(s) {dropped} of a dropped replica group, healed")
-        self._note("lost", detail, len(group), len(survivors))
+        self._note("lost", detail, len(group), len(survivors), outcome)
         return True
 
     def leave(self, ranks: tuple[int, ...]) -> None:
@@ -160,7 +161,9 @@ class Generations:
             if partners:
                 detail += f"; rank(s) {list(partners)} of its replica group(s) wait to join again"
                 self.join(partners, f"rank(s) {list(partners)} of a replica group, healed")
-            self._note("preempted", detail, self.world, self.world - len(ranks) - len(partners))
+            outcome: Outcome = "dropped group" if replica_size(self.store) > 1 else "kept"
+            left = self.world - len(ranks) - len(partners)
+            self._note("preempted", detail, self.world, left, outcome)
 
     def join(self, ranks: tuple[int, ...], detail: str) -> None:
         """``ranks`` were started to join the group (they ask in once they have started)."""
@@ -172,12 +175,17 @@ class Generations:
             keys = [joined(rank) for rank in ranks]
             if self.store.check(keys) and all(int(self.store.get(k)) > since for k in keys):
                 del self.joining[ranks]
-                self._note("grew", detail, self.world, self.world + len(ranks))
+                self._note("grew", detail, self.world, self.world + len(ranks), "healed")
 
     def _note(
-        self, cause: Literal["lost", "grew", "preempted"], detail: str, old: int, new: int
+        self,
+        cause: Literal["lost", "grew", "preempted"],
+        detail: str,
+        old: int,
+        new: int,
+        outcome: Outcome,
     ) -> None:
         self.world = new
-        rescale = Rescale(cause, detail, old, new, time.time(), in_place=True)
+        rescale = Rescale(cause, detail, old, new, time.time(), in_place=True, outcome=outcome)
         self.rescales.append(rescale)
         say(rescale.describe(), self.monitor)

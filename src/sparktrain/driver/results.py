@@ -41,6 +41,10 @@ class GrowingBack:
     duration: float
 
 
+#: What an elastic rescale kept and what it reloaded (see :attr:`Rescale.outcome`).
+Outcome = Literal["kept", "dropped group", "healed", "restarted"]
+
+
 @dataclass(frozen=True)
 class Rescale:
     """One change of an elastic run's size.
@@ -58,6 +62,12 @@ class Rescale:
         resume_seconds: From ``at`` to rank 0's resume (``None`` likewise).
         in_place: The survivors went on in place (``in_place=True``): no restart, no
             checkpoint read.
+        outcome: What the run kept and what it reloaded: ``"kept"`` (in place, every
+            survivor kept its state), ``"dropped group"`` (in place, sharded: the replica
+            groups that lost a rank were dropped whole, the others kept their shards),
+            ``"healed"`` (in place: the joiners healed from a live replica) or
+            ``"restarted"`` (every rank started again from the newest checkpoint: the restart
+            path, or a sharded run with no whole replica group left).
     """
 
     cause: Literal["lost", "grew", "preempted"]
@@ -68,17 +78,27 @@ class Rescale:
     resumed_step: int | None = None
     resume_seconds: float | None = None
     in_place: bool = False
+    outcome: Outcome = "restarted"
 
     def describe(self) -> str:
-        """The one line that tells a user what happened."""
+        """The one line that tells a user what happened: what was kept, what was reloaded."""
         what = f"grew: {self.detail}" if self.cause == "grew" else f"{self.cause} {self.detail}"
-        if self.in_place:
-            lost = "the step in flight" if self.cause == "lost" else "no step"
+        if not self.in_place:
+            return f"sparktrain: elastic: {what}; {self.resumed()}"
+        size = f"{self.new_world_size} rank(s)"
+        if self.outcome == "healed":
             return (
-                f"sparktrain: elastic: {what}; the {self.new_world_size} rank(s) left go on in "
-                f"place (was {self.old_world_size}): no restart, no checkpoint read, {lost} lost"
+                f"sparktrain: elastic: {what}; the {size} go on in place (was "
+                f"{self.old_world_size}): the joiners healed from a live replica, no restart, "
+                "no checkpoint read"
             )
-        return f"sparktrain: elastic: {what}; {self.resumed()}"
+        dropped = self.outcome == "dropped group"
+        kept = "the whole groups kept their shards" if dropped else "no restart"
+        lost = "the step in flight" if self.cause == "lost" else "no step"
+        return (
+            f"sparktrain: elastic: {what}; the {size} left go on in place (was "
+            f"{self.old_world_size}): {kept}, no checkpoint read, {lost} lost"
+        )
 
     def resumed(self) -> str:
         """Where and from which step the run went on."""

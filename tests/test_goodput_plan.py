@@ -1,0 +1,71 @@
+"""The goodput benchmark's pure parts (``benchmarks/goodput_plan.py``, ``goodput.py``): the
+seeded schedule, what the ranks' logs count as trained, and the goodput figure."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import goodput  # noqa: E402
+import goodput_plan as plan  # noqa: E402
+
+
+def test_the_schedule_is_the_seeds_and_never_takes_the_first_node() -> None:
+    first = plan.schedule(1, 600, 60, 20, 0.25)
+    assert first == plan.schedule(1, 600, 60, 20, 0.25) != plan.schedule(2, 600, 60, 20, 0.25)
+    assert all(0 < f.at < 600 for f in first) and [f.at for f in first] == sorted(
+        f.at for f in first
+    )
+    assert {f.kind for f in plan.schedule(1, 6000, 60, 20, 0.25)} == {"kill", "notice"}
+    assert {plan.choose(p / 10, [0, 1, 2, 3]) for p in range(10)} == {1, 2, 3}
+    assert plan.choose(0.5, [0]) is None
+
+
+def _write(folder: Path, name: str, lines: list[str]) -> None:
+    folder.mkdir(exist_ok=True)
+    (folder / name).write_text("".join(f"{line}\n" for line in lines))
+
+
+def test_in_place_counts_a_step_in_the_generation_it_committed_in(tmp_path: Path) -> None:
+    # Step 2 ran in generation 1 (rows 5, 6) and was not committed; it ran again in
+    # generation 2 (rows 7, 8) and committed there: only 7, 8 count, one step dropped.
+    _write(tmp_path, "rank0-1.txt", [
+        "P 1 1 10.0 1 2", "C 1 1 10.1 2", "P 2 1 10.2 5 6", "P 2 2 11.0 7 8", "C 2 2 11.1 1",
+    ])  # fmt: skip
+    _write(tmp_path, "rank1-2.txt", ["P 1 1 10.0 3 4", "C 1 1 10.2 2"])
+    trained = plan.read_in_place(tmp_path)
+    assert sorted(trained.rows) == [1, 2, 3, 4, 7, 8] and trained.dropped == 1
+    assert trained.commits[(1, 1)] == (10.1, 2)  # the earliest rank's commit
+
+
+def test_a_restart_counts_each_attempt_up_to_the_next_resume(tmp_path: Path) -> None:
+    # Attempt 1700 (a generation named by the clock, as torchrun's side does) trained steps
+    # 1-3; attempt 1800 resumed from step 2's checkpoint: step 3's rows were trained again.
+    _write(tmp_path, "attempt1700-rank0-1.txt", [
+        "R 0", "C 1 1700 1.0 2 1 2", "C 2 1700 2.0 2 3 4", "C 3 1700 3.0 2 5 6",
+    ])  # fmt: skip
+    _write(tmp_path, "attempt1800-rank0-2.txt", ["R 2", "C 3 1800 9.0 1 5 6", "C 4 1800 10.0 1 7"])
+    trained = plan.read_restarts(tmp_path)
+    assert sorted(trained.rows) == [1, 2, 3, 4, 5, 6, 7] and trained.duplicated() == 0
+    assert trained.missing(8) == 1 and trained.resumes == 1
+    assert trained.step_seconds(2) == 1.0 and trained.step_seconds(4) is None
+
+
+def test_goodput_is_full_size_steps_times_the_fault_free_step_over_the_wall() -> None:
+    trained = plan.Trained(rows=list(range(160)))
+    assert plan.goodput(trained, 4, 4, 100.0, 0.5) == 160 / 16 * 0.5 / 100.0
+    assert plan.goodput(trained, 4, 4, 100.0, None) is None
+
+
+def test_every_world_size_divides_the_epoch_and_a_side_never_at_full_size_borrows() -> None:
+    for minutes in (0.1, 0.5, 1, 10):
+        rows = goodput._rows(minutes, 0.1)
+        assert rows > 0 and all(rows % (world * goodput.BATCH) == 0 for world in (1, 2, 3, 4))
+    restart = {"side": goodput.SIDES["restart"], "rows": 160, "wall": 100.0, "step": 0.5}
+    torchrun = {"side": goodput.SIDES["torchrun"], "rows": 80, "wall": 100.0, "step": None}
+    goodput.borrow_step([restart, torchrun])
+    assert torchrun["step"] == 0.5 and torchrun["goodput"] == 80 / 16 * 0.5 / 100.0
+    assert torchrun["step_from"] == restart["side"]

@@ -39,7 +39,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import fmt, log, print_machine, report_leftovers
+from _common import fmt, kill_tree, log, print_machine, report_leftovers
 from goodput_plan import choose, goodput, read_in_place, read_restarts, schedule
 
 SIDES = {
@@ -157,15 +157,27 @@ def run_side(side: str, work: Path, args: argparse.Namespace, rows: int) -> dict
     command += [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
                 if k not in ("child", "keep")]  # fmt: skip
     with (work / "child.log").open("w") as out:
-        done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT,
-                              timeout=args.limit + 60, check=False)  # fmt: skip
+        # a session of its own, so that its tree can be killed without this process
+        child = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            code: int | str = child.wait(timeout=args.limit + 60)
+        except subprocess.TimeoutExpired:  # the run's own timeout did not end it: a hang
+            kill_tree(child.pid)
+            child.wait()
+            code = f"still running {args.limit + 60:.0f} s after its start (killed)"
+        except BaseException:  # Ctrl-C: the child's session does not get it
+            kill_tree(child.pid)
+            child.wait()
+            raise
     found: dict[str, Any] = {"side": SIDES[side], "problems": []}
-    if done.returncode != 0:
+    if code != 0:
         text = (work / "child.log").read_text()
         if args.keep:
             log(f"{side}: its output is in {work / 'child.log'}")
         tail = "\n".join(text.strip().splitlines()[-12:])
-        found["problems"].append(f"exit {done.returncode}:\n{tail}")
+        found["problems"].append(f"exit {code}:\n{tail}")
         return found
     result = json.loads((work / "result.json").read_text())
     trained = (read_in_place if side.startswith("inplace") else read_restarts)(work / "logs")

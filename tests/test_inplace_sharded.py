@@ -303,3 +303,56 @@ def test_each_outcome_says_what_was_kept_and_what_was_reloaded() -> None:
     assert "left" not in line("grew", "healed")  # a grow is not a loss
     assert "no step lost" in line("preempted", "kept")
     assert "with no checkpoint loaded" in line("lost", "restarted", in_place=False)
+
+
+_FORMING = """
+import json, sys
+import torch.distributed as dist
+from sparktrain.contract.inplace import members
+from sparktrain.rank import replicas
+try:
+    replicas.mesh(replicas=2, timeout=2)
+except RuntimeError as error:
+    layout = replicas._ACTIVE
+    if not layout.joining:  # the driver names the next generation, without this group
+        layout.store.set(members(1), json.dumps([2, 3]))
+    print(json.dumps({"rejoin": replicas.rejoin_after(error), "left": dist.is_initialized(),
+                      "group": layout.group, "active": replicas._ACTIVE is not None}))
+"""
+
+
+@pytest.mark.parametrize("joining", [True, False])
+def test_a_member_lost_while_its_replica_group_forms_sends_the_rank_to_join_again(
+    joining: bool,
+) -> None:
+    """The group's other member never arrives in ``mesh()``'s ``init_process_group`` (a node
+    lost meanwhile): the rank's error is a dropped group, not a training error, so the training
+    function runs again as a joiner (found by the goodput schedule: the run failed). A joiner
+    whose partner's ticket came first; a first-generation rank whose group the driver drops."""
+    import subprocess
+    import sys
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from sparktrain.contract.inplace import REPLICA_SIZE, TICKETS, members
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=60))
+    secret = "a-job-secret"
+    store = dist.PrefixStore(secret, server)  # type: ignore[attr-defined]
+    store.set(members(0), json.dumps([0, 1, 2, 3]))
+    if joining:
+        store.set(REPLICA_SIZE, "2")
+        store.add(TICKETS, 1)
+        store.set("ticket/0", "4")  # a returning node's rank took the first ticket, then died
+    env = {**os.environ, "RANK": "2" if joining else "0", "WORLD_SIZE": "4",
+           "SPARKTRAIN_TARGET_WORLD_SIZE": "4",
+           "SPARKTRAIN_IN_PLACE_STORE": f"{secret}@127.0.0.1:{server.port}",
+           "SPARKTRAIN_IN_PLACE_JOIN": "1" if joining else "0"}  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", _FORMING], env=env, capture_output=True,
+                          text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found == {"rejoin": True, "left": False, "active": False,
+                     "group": [4, 2] if joining else [0, 1]}  # fmt: skip
+    assert "joins again as a new group" in done.stderr

@@ -182,15 +182,19 @@ def mesh(replicas: int, *, timeout: float = 30.0) -> Any:
         else:
             group, index, tag = formed
     process_groups.name_from_zero()  # the tag is this group's own: named alike by its ranks
-    dist.init_process_group(
-        "gloo",
-        store=dist.PrefixStore(tag, store),  # type: ignore[attr-defined]
-        rank=index,
-        world_size=len(group),
-        timeout=timedelta(seconds=timeout),
-    )
     layout = Layout(store, me, size, index, group, joining, since, finished=finished)
-    layout.mesh = init_device_mesh("cpu", (len(group),))
+    try:
+        dist.init_process_group(
+            "gloo",
+            store=dist.PrefixStore(tag, store),  # type: ignore[attr-defined]
+            rank=index,
+            world_size=len(group),
+            timeout=timedelta(seconds=timeout),
+        )
+        layout.mesh = init_device_mesh("cpu", (len(group),))
+    except RuntimeError:  # a member lost while the group formed: rejoin_after decides
+        _ACTIVE = layout
+        raise
     _ACTIVE = layout
     return layout.mesh
 
@@ -212,11 +216,14 @@ def _dropped(layout: Layout, timeout: float) -> bool:
     The rank tells its generation's other ranks to leave their collectives (its ``abort`` key),
     then waits up to ``timeout`` for the next generation.
     """
-    run = layout.run
-    if run is None:  # failed before its loop was made: a joiner whose group did not form
-        return layout.joining
-    store, generation = layout.store, run.generation
-    store.set(abort(generation), "1")
+    run, store = layout.run, layout.store
+    if run is None:  # failed in mesh(): its group did not form (a member lost meanwhile)
+        if layout.joining:
+            return True  # a joiner is in no generation yet: it takes a new ticket
+        generation = layout.since  # the others' collectives are not this rank's to abort
+    else:
+        generation = run.generation
+        store.set(abort(generation), "1")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if store.check([members(generation + 1)]):

@@ -164,13 +164,11 @@ def run_side(side: str, work: Path, args: argparse.Namespace, rows: int) -> dict
         try:
             code: int | str = child.wait(timeout=args.limit + 60)
         except subprocess.TimeoutExpired:  # the run's own timeout did not end it: a hang
-            kill_tree(child.pid)
-            child.wait()
             code = f"still running {args.limit + 60:.0f} s after its start (killed)"
-        except BaseException:  # Ctrl-C: the child's session does not get it
-            kill_tree(child.pid)
-            child.wait()
-            raise
+        finally:  # a hang, or Ctrl-C (the child's session does not get it)
+            if child.poll() is None:
+                kill_tree(child.pid)
+                child.wait()
     found: dict[str, Any] = {"side": SIDES[side], "problems": []}
     if code != 0:
         text = (work / "child.log").read_text()

@@ -285,23 +285,24 @@ def _wait_lines(path: Path, count: int) -> None:
     assert len(_lines_of(path)) >= count, f"{path} has fewer than {count} committed steps"
 
 
-def logged_rows(logs: Path) -> list[int]:
+def _log_lines(logs: Path) -> list[list[str]]:
+    return [line.split() for p in logs.glob("rank*.txt") for line in p.read_text().splitlines()]
+
+
+def logged_rows(logs: Path, lines: list[list[str]] | None = None) -> list[int]:
     """The ids the ranks of ``_in_place_train`` logged as committed, sorted."""
-    lines = [line.split() for p in logs.glob("rank*.txt") for line in p.read_text().splitlines()]
-    return sorted(int(i) for line in lines for i in line[4:])
+    return sorted(int(i) for line in lines or _log_lines(logs) for i in line[4:])
 
 
 def _rows_counting_the_killed_ranks_last_step(logs: Path, killed: int) -> list[int]:
     """``logged_rows``, plus the killed rank's last batch where it was killed after that step
     committed everywhere but before its log line (seen under load): another rank logged the
     same step (its generation and count) as committed, so those rows were trained once."""
-    rows = logged_rows(logs)
+    lines = _log_lines(logs)
+    rows = logged_rows(logs, lines)
     generation, steps, *ids = (logs / f"rank{killed}.pending").read_text().split()
-    lines = [line.split() for p in logs.glob("rank*.txt") for line in p.read_text().splitlines()]
-    if any(line[2:4] == [generation, steps] for line in lines):
-        mine = [line for line in lines if line[4:] == ids]
-        rows = rows if mine else sorted(rows + [int(i) for i in ids])
-    return rows
+    committed = any(line[2:4] == [generation, steps] for line in lines)
+    return sorted(rows + [int(i) for i in ids]) if committed and int(ids[0]) not in rows else rows
 
 
 def _lines(path: Path) -> list[str]:

@@ -183,19 +183,15 @@ def mesh(replicas: int, *, timeout: float = 30.0) -> Any:
             group, index, tag = formed
     process_groups.name_from_zero()  # the tag is this group's own: named alike by its ranks
     layout = Layout(store, me, size, index, group, joining, since, finished=finished)
-    try:
-        dist.init_process_group(
-            "gloo",
-            store=dist.PrefixStore(tag, store),  # type: ignore[attr-defined]
-            rank=index,
-            world_size=len(group),
-            timeout=timedelta(seconds=timeout),
-        )
-        layout.mesh = init_device_mesh("cpu", (len(group),))
-    except RuntimeError:  # a member lost while the group formed: rejoin_after decides
-        _ACTIVE = layout
-        raise
-    _ACTIVE = layout
+    _ACTIVE = layout  # before the group forms: a member lost meanwhile, rejoin_after decides
+    dist.init_process_group(
+        "gloo",
+        store=dist.PrefixStore(tag, store),  # type: ignore[attr-defined]
+        rank=index,
+        world_size=len(group),
+        timeout=timedelta(seconds=timeout),
+    )
+    layout.mesh = init_device_mesh("cpu", (len(group),))
     return layout.mesh
 
 

@@ -9,7 +9,8 @@ the same seeded schedule of losses plays against it (:mod:`goodput_plan`: a node
 * wall: from the ``launch`` call to its return (or the rival's start to its end);
 * goodput: the committed full-size steps (rows trained / (4 x batch)) x the fault-free step
   time (the median time between two committed steps at 4 ranks, in the same run) / wall;
-* exactly once: rows trained twice or never (a side with either fails its check).
+* exactly once: rows trained twice or never (a side with either fails its check); the rows the
+  reader repeats to pad a rest that does not divide among the ranks are shown apart.
 
 Sides today: sparktrain in place with DDP's layout, in place with HSDP (2 replica groups of 2
 shards, ``fully_shard`` in each), sparktrain's restart path (DDP, asynchronous checkpoints
@@ -56,8 +57,9 @@ NOTICE_SECONDS = 2.0
 def _rows(minutes: float, step_seconds: float) -> int:
     """Rows for an epoch that lasts about ``minutes`` with no loss (a step's compute ~0.05 s).
 
-    A multiple of 12 full batches, so that every world size from 1 to 4 divides the epoch (a
-    reader pads a short last round by repeating rows, which the exactly-once check counts).
+    A multiple of 12 full batches, so that every world size from 1 to 4 divides the epoch. What
+    is left of it after a resize need not divide by the new size: the reader pads that rest with
+    up to ``world - 1`` repeated rows, which the table shows apart (``+N padded``).
     """
     return max(1, int(minutes * 60 / (step_seconds + 0.05)) // 12) * 12 * WORLD * BATCH
 
@@ -182,7 +184,7 @@ def run_side(side: str, work: Path, args: argparse.Namespace, rows: int) -> dict
     step = trained.step_seconds(WORLD)
     found.update(result)
     found.update(
-        rows=len(set(trained.rows)), duplicated=trained.duplicated(),
+        rows=len(set(trained.rows)), duplicated=trained.duplicated(), padded=trained.padded(),
         missing=trained.missing(rows), step=step, dropped=trained.dropped,
         goodput=goodput(trained, WORLD, BATCH, result["wall"], step),
         checkpoint_files=len(list(work.glob("ckpt/**/*"))),
@@ -213,7 +215,9 @@ def print_table(found: list[dict[str, Any]], args: argparse.Namespace, rows: int
             print(f"{f['side']:28} failed: {'; '.join(f['problems'])}")
             continue
         losses = sum(1 for s in f["struck"] if s["kind"] != "none up")
-        once = "yes" if not f["problems"] else "; ".join(f["problems"])
+        once = "; ".join(f["problems"]) or "yes"
+        if f.get("padded"):
+            once += f" (+{f['padded']} padded)"
         print(f"{f['side']:28} {f['wall']:8.1f} {fmt(f['step']):>7} {fmt(f['goodput']):>8} "
               f"{losses:>7} {len(f['rescales']):>9} {f['checkpoint_files']:>10}  "
               f"{once}")  # fmt: skip

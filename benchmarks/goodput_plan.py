@@ -12,6 +12,12 @@ resume and ``C <step> <generation> <time> <world> <ids>`` after each step (the r
 the generation being the attempt). What counts as trained: in place, the batches of the
 generation each step committed in; on the restart path, each attempt's steps up to the step
 the next attempt resumed from.
+
+The reader pads (``uneven="pad"``, its default): where what a generation reads of the epoch does
+not divide among its ranks, the last rank's share wraps to the share's start, so a generation
+that reads to the epoch's end trains up to ``world - 1`` rows a second time, both times in that
+generation. Those are counted apart (:meth:`Trained.padded`); a row trained twice in two
+generations, or more often in one than padding explains, is a duplicate.
 """
 
 from __future__ import annotations
@@ -57,6 +63,9 @@ class Trained:
     """What a side's logs say: the rows trained, and the committed steps' times."""
 
     rows: list[int] = field(default_factory=list)
+    #: generation (or attempt) -> the rows it trained, and its largest world size
+    legs: dict[int, list[int]] = field(default_factory=dict)
+    worlds: dict[int, int] = field(default_factory=dict)
     #: (generation or attempt, step) -> (the first rank's commit time, world size)
     commits: dict[tuple[int, int], tuple[float, int]] = field(default_factory=dict)
     resumes: int = 0
@@ -67,10 +76,23 @@ class Trained:
         key = (generation, step)
         if key not in self.commits or at < self.commits[key][0]:
             self.commits[key] = (at, world)
+        self.worlds[generation] = max(world, self.worlds.get(generation, 0))
+
+    def train(self, generation: int, ids: list[int]) -> None:
+        """``generation`` trained the rows ``ids`` (a committed step's batch)."""
+        self.rows += ids
+        self.legs.setdefault(generation, []).extend(ids)
+
+    def padded(self) -> int:
+        """Rows trained twice by the reader's padding: repeats inside one generation, at most
+        its world size minus one (see the module's docstring)."""
+        return sum(
+            min(len(ids) - len(set(ids)), self.worlds.get(g, 1) - 1) for g, ids in self.legs.items()
+        )
 
     def duplicated(self) -> int:
-        """Rows trained more than once."""
-        return len(self.rows) - len(set(self.rows))
+        """Rows trained more than once, beyond the reader's padding."""
+        return len(self.rows) - len(set(self.rows)) - self.padded()
 
     def missing(self, total: int) -> int:
         """Rows of the dataset never trained."""
@@ -107,7 +129,7 @@ def read_in_place(logs: Path) -> Trained:
             committed[int(step)] = int(generation)
             trained.commit(int(generation), int(step), float(at), int(rest[0]))
     for step, generation in committed.items():
-        trained.rows += pending.get((step, generation), [])
+        trained.train(generation, pending.get((step, generation), []))
     trained.dropped = sum(1 for step, generation in pending if committed.get(step) != generation)
     return trained
 
@@ -134,7 +156,7 @@ def read_restarts(logs: Path) -> Trained:
         upto = min(later) if later else None
         for step, ids in steps[attempt].items():
             if upto is None or step <= upto:
-                trained.rows += ids
+                trained.train(attempt, ids)
     return trained
 
 

@@ -54,6 +54,27 @@ def test_a_restart_counts_each_attempt_up_to_the_next_resume(tmp_path: Path) -> 
     assert trained.step_seconds(2) == 1.0 and trained.step_seconds(4) is None
 
 
+def test_repeats_inside_one_generation_up_to_its_world_are_padding_and_others_duplicates(
+    tmp_path: Path,
+) -> None:
+    # Generation 2 at 3 ranks read the epoch's rest of 7 rows padded to 9: rows 1 and 2 twice.
+    # Row 5 trained in generation 1 and again in generation 2 is a duplicate all the same.
+    _write(tmp_path, "rank0-1.txt", [
+        "P 1 1 1.0 5 6", "C 1 1 1.1 3", "P 2 2 2.0 1 2 3", "C 2 2 2.1 3",
+    ])  # fmt: skip
+    _write(tmp_path, "rank1-2.txt", ["P 2 2 2.0 4 5 7"])
+    _write(tmp_path, "rank2-3.txt", ["P 2 2 2.0 8 1 2"])
+    trained = plan.read_in_place(tmp_path)
+    assert trained.padded() == 2 and trained.duplicated() == 1 and trained.missing(9) == 1
+    # the same repeats spread over two generations are no padding
+    trained = plan.Trained()
+    trained.commit(1, 1, 1.0, 3)
+    trained.commit(2, 2, 2.0, 3)
+    trained.train(1, [1, 2])
+    trained.train(2, [1, 2])
+    assert trained.padded() == 0 and trained.duplicated() == 2
+
+
 def test_goodput_is_full_size_steps_times_the_fault_free_step_over_the_wall() -> None:
     trained = plan.Trained(rows=list(range(160)))
     assert plan.goodput(trained, 4, 4, 100.0, 0.5) == 160 / 16 * 0.5 / 100.0

@@ -141,6 +141,19 @@ def test_a_timeout_names_the_ranks_still_running() -> None:
         _finish(reports)
 
 
+def test_a_timeout_the_driver_saw_pass_names_the_ranks_it_stopped() -> None:
+    # The driver's deadline for the whole call passed before any node's own clock: the ranks it
+    # stopped were running, those that returned are finished, and a rank whose connection broke
+    # when a peer was stopped was running too, not a failure of its own.
+    reset = RankFailure(3, "h1", 1.1, "RuntimeError", "[gloo] Connection reset by peer")
+    reports = [_report(0, (0, 1), stopped=(1,)), _report(1, (2, 3), stopped=(2,),
+                                                          failures={3: reset})]  # fmt: skip
+    running = r"running: rank 1, rank 2, rank 3 \(finished: rank 0\)"
+    with pytest.raises(TrainingTimeoutError, match=running):
+        _finish(reports, timed_out=True)
+    assert isinstance(_finish(reports[:1]), RunResult)  # the same stop, no deadline: a result
+
+
 # -- node_report: from how the processes ended to a node's report --------------------------------
 def _record(run_dir: Path, rank: int, when: float, message: str) -> None:
     record = {"time": when, "exc_type": "KeyError", "message": message, "traceback": "tb"}
@@ -453,6 +466,15 @@ def test_follow_kills_nodes_that_do_not_stop_and_gives_up_on_dead_ones(
         follow_module.follow(nodes, stop_grace=0.0, monitor=Monitor(progress=False))
     assert nodes.calls == ["stop", "kill", "close"]
     assert time.monotonic() - started < 5.0
+
+
+def test_follow_stops_every_node_when_the_calls_deadline_passes() -> None:
+    deadline = follow_module.Deadline.after(0.0)
+    assert deadline is not None and deadline.left() == 0.0 and not deadline.passed
+    nodes = FakeNodes(float("inf"))
+    follow_module.follow(nodes, stop_grace=0.0, monitor=Monitor(progress=False), deadline=deadline)
+    assert nodes.calls == ["stop", "close"] and deadline.passed
+    assert follow_module.Deadline.after(None) is None
 
 
 def test_ctrl_c_stops_the_nodes_then_raises() -> None:

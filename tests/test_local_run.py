@@ -128,6 +128,28 @@ def test_timeout_names_running_ranks() -> None:
     assert "timeout=10s" in str(info.value) and "rank 1" in str(info.value)
 
 
+def _fail_after_four_seconds_then_take_five() -> str:
+    import sparktrain
+
+    if sparktrain.restart_count() == 0:
+        time.sleep(4)
+        if os.environ["RANK"] == "1":
+            raise RuntimeError("the first attempt fails")
+        time.sleep(60)
+    time.sleep(5)
+    return "late"
+
+
+def test_timeout_bounds_the_whole_call_not_each_attempt() -> None:
+    """The first attempt fails after 4 s; the restart takes 5 s more, which fits in its own
+    8 s but not in what is left of the call's: the call times out (it returned "late" when each
+    attempt's nodes counted the timeout from their own start)."""
+    with pytest.raises(TrainingTimeoutError) as info:
+        launch(_fail_after_four_seconds_then_take_five, num_processes=2, use_gpu=False,
+               timeout=8, max_restarts=1)  # fmt: skip
+    assert info.value.running == (0, 1) and "timeout=8s" in str(info.value)
+
+
 def test_script_with_args(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     out = tmp_path / "out"

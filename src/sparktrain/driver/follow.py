@@ -4,10 +4,12 @@ The loop polls the started :class:`~sparktrain.backends.base.Nodes` (their lines
 they come). At the first failure a node reports, or when the caller's ``on_report`` asks, it
 tells every node to stop its ranks. If the nodes have not ended :data:`CANCEL_AFTER` seconds
 after the stop grace period, it kills them; if even that does not end them within as long, the
-attempt fails with :class:`~sparktrain.ClusterError`. On Ctrl-C it stops them the same way,
-waits a short while for them to end, kills what is left and re-raises. Whatever happens, the
-nodes are closed. How a backend stops or kills a node (a message on the channel, cancelling a
-Spark job, killing a Ray actor, signalling local ranks) is the backend's business.
+attempt fails with :class:`~sparktrain.ClusterError`. When the call's ``timeout`` passes (a
+:class:`Deadline`, held by the driver for the whole call: every attempt, every node that joined
+late), it stops them the same way and the deadline says it passed. On Ctrl-C it stops them
+the same way, waits a short while for them to end, kills what is left and re-raises. Whatever
+happens, the nodes are closed. How a backend stops or kills a node (a message on the channel,
+cancelling a Spark job, killing a Ray actor, signalling local ranks) is the backend's business.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from sparktrain.backends.base import Nodes
 from sparktrain.contract.report import NodeReport
@@ -29,6 +32,34 @@ POLL_SECONDS = 0.2
 INTERRUPT_WAIT = 5.0
 
 
+@dataclass
+class Deadline:
+    """A launch call's ``timeout`` on the driver's clock, for all of the call's attempts.
+
+    Each node's agent also stops its ranks ``timeout`` seconds after its own start, but a node
+    that joined late, or an attempt started after a restart, counts from later: the driver holds
+    the one deadline of the whole call.
+
+    Attributes:
+        timeout: The call's ``timeout=`` in seconds.
+        at: When it passes (``time.monotonic()``).
+        passed: Whether the driver stopped the run's nodes for it.
+    """
+
+    timeout: float
+    at: float
+    passed: bool = False
+
+    @classmethod
+    def after(cls, timeout: float | None) -> Deadline | None:
+        """The deadline ``timeout`` seconds from now (``None``: no timeout)."""
+        return None if timeout is None else cls(timeout, time.monotonic() + timeout)
+
+    def left(self) -> float:
+        """Seconds until it passes (``0`` once it has)."""
+        return max(0.0, self.at - time.monotonic())
+
+
 def follow(
     nodes: Nodes,
     *,
@@ -36,6 +67,7 @@ def follow(
     monitor: Monitor,
     tick: Callable[[Nodes], None] | None = None,
     in_place: bool = False,
+    deadline: Deadline | None = None,
 ) -> list[NodeReport]:
     """Follow ``nodes`` until every one has reported; close them in any case.
 
@@ -47,6 +79,8 @@ def follow(
             watching for capacity to grow back).
         in_place: At a failure, first let the survivors go on in place
             (:meth:`Nodes.lose_in_place`); stop every node only when that cannot be done.
+        deadline: The call's ``timeout``: once it passes, every node is stopped and
+            ``deadline.passed`` is set.
 
     Returns:
         Every node's report, in node order.
@@ -65,7 +99,11 @@ def follow(
                 tick(nodes)
             if in_place and polled.failed and cancel_at is None and nodes.lose_in_place():
                 continue
-            if cancel_at is None and (polled.failed or monitor.stop_requested()):
+            due = deadline is not None and not deadline.left()
+            if cancel_at is None and (polled.failed or monitor.stop_requested() or due):
+                if due and not polled.failed:
+                    assert deadline is not None
+                    deadline.passed = True
                 nodes.cancel(force=False)
                 cancel_at = time.monotonic() + CANCEL_AFTER + stop_grace
             elif cancel_at is not None and time.monotonic() > cancel_at:

@@ -29,11 +29,11 @@ from sparktrain.contract.env import IN_PLACE_STORE
 from sparktrain.contract.inplace import host_store
 from sparktrain.driver.attempts import run_attempts
 from sparktrain.driver.capacity import first_layout, watch_capacity
-from sparktrain.driver.follow import follow
+from sparktrain.driver.follow import Deadline, follow
 from sparktrain.driver.inplace import running
 from sparktrain.driver.monitor import Monitor
 from sparktrain.driver.results import GrowingBack, RunResult, finish
-from sparktrain.ground.errors import ConfigError
+from sparktrain.ground.errors import ConfigError, TrainingTimeoutError
 from sparktrain.launchplan.entrypoint import Entrypoint, make_entrypoint
 from sparktrain.launchplan.front import LAUNCH, FrontDoor
 from sparktrain.launchplan.layout import LaunchPlan
@@ -105,8 +105,9 @@ class PreparedLaunch:
             progress=self.options.output.progress, on_report=self.options.output.on_report
         )
         run_key = uuid.uuid4().hex  # what the backend keeps across this run's attempts
+        deadline = Deadline.after(self.options.limits.timeout)  # the whole call's
         try:
-            result = self._tracked(entry, data_uri, monitor, run_key)
+            result = self._tracked(entry, data_uri, monitor, run_key, deadline)
         finally:
             try:
                 self.backend.end_run(run_key)
@@ -117,7 +118,12 @@ class PreparedLaunch:
         return result
 
     def _tracked(
-        self, entry: Entrypoint, data_uri: str | None, monitor: Monitor, run_key: str
+        self,
+        entry: Entrypoint,
+        data_uri: str | None,
+        monitor: Monitor,
+        run_key: str,
+        deadline: Deadline | None = None,
     ) -> RunResult:
         """The attempts inside the run's MLflow run, when tracking is on."""
         from sparktrain.driver import tracking as driver
@@ -144,6 +150,7 @@ class PreparedLaunch:
                     data_uri=data_uri,
                     monitor=monitor,
                     run_key=run_key,
+                    deadline=deadline,
                 ),
                 monitor,
                 on_start=run.attempt_started if run else None,
@@ -167,9 +174,10 @@ class PreparedLaunch:
         data_uri: str | None,
         monitor: Monitor,
         run_key: str = "",
+        deadline: Deadline | None = None,
     ) -> RunResult | GrowingBack:
         started = time.monotonic()
-        options = self.options
+        options = _within(self.options, deadline, plan)
         target = self.target if options.elastic else None
         store = None
         if (
@@ -190,19 +198,36 @@ class PreparedLaunch:
                 monitor=monitor,
                 tick=watch_capacity(self.backend, plan, self.target, options, monitor),
                 in_place=options.recovery.in_place,
+                deadline=deadline,
             )
         result = finish(
             reports,
             world_size=plan.world_size,
-            timeout=options.limits.timeout,
+            timeout=self.options.limits.timeout,
             duration=time.monotonic() - started,
             hang_timeout=options.limits.hang_timeout,
             stopped=monitor.stop_requested(),
+            timed_out=deadline is not None and deadline.passed,
         )
         kept = nodes.in_place_rescales()
         if kept and isinstance(result, RunResult):
             result = dataclasses.replace(result, rescales=kept, world_size=kept[-1].new_world_size)
         return result
+
+
+def _within(options: RunOptions, deadline: Deadline | None, plan: LaunchPlan) -> RunOptions:
+    """An attempt's options: its nodes' own ``timeout`` is what is left of the call's.
+
+    Raises:
+        TrainingTimeoutError: Nothing is left (the call's ``timeout`` passed between attempts).
+    """
+    if deadline is None:
+        return options
+    left = deadline.left()
+    if not left:
+        raise TrainingTimeoutError(deadline.timeout, tuple(range(plan.world_size)), ())
+    limits = dataclasses.replace(options.limits, timeout=left)
+    return dataclasses.replace(options, limits=limits)
 
 
 def prepare(

@@ -158,6 +158,7 @@ def finish(
     duration: float,
     hang_timeout: float | None = None,
     stopped: bool = False,
+    timed_out: bool = False,
 ) -> RunResult | GrowingBack:
     """Merge every node's report into the caller's result, or raise the run's one error.
 
@@ -175,6 +176,8 @@ def finish(
         hang_timeout: The run's ``hang_timeout``, for the message of a hang.
         stopped: The caller asked for the stop (``on_report``); ranks it ended are not
             failures.
+        timed_out: The driver stopped the nodes when the call's ``timeout`` passed (its
+            :class:`~sparktrain.driver.follow.Deadline`); the ranks it stopped were running.
     """
     setup = sorted({e for report in reports for e in report.setup_errors})
     if setup:
@@ -185,10 +188,15 @@ def finish(
     if stopped:
         return RunResult(_values(reports), world_size, duration, tuple(reports), stopped=True)
     failures = {r: f for report in reports for r, f in report.failures.items()}
-    if any(report.hung or report.running_at_timeout for report in reports):
+    running = {r for report in reports for r in report.running_at_timeout}
+    if timed_out:
+        running |= {r for report in reports for r in report.stopped}
+    if running or any(report.hung for report in reports):
         # Nodes keep their own clocks: when one stops its ranks for a hang or a timeout, peers
-        # on other nodes may fail with a connection error first. Those are victims, not causes.
-        failures = {r: f for r, f in failures.items() if not _secondary(f)}
+        # on other nodes may fail with a connection error first. Those are victims, not causes:
+        # they were running too.
+        running |= {r for r, f in failures.items() if _secondary(f)}
+        failures = {r: f for r, f in failures.items() if r not in running}
     if _growing(failures):
         return GrowingBack(world_size, duration)
     if failures:
@@ -201,10 +209,10 @@ def finish(
         sites = {r: site for report in reports for r, site in report.hang_sites.items()}
         silent = tuple(sorted(r for report in reports for r in report.hang_silent))
         raise HangError(hang_timeout or 0.0, sites, silent)
-    running = tuple(sorted(r for report in reports for r in report.running_at_timeout))
     if running:
-        done = tuple(sorted(set(range(world_size)) - set(running)))
-        raise TrainingTimeoutError(timeout or 0.0, running, done)
+        ran = {r for report in reports for r in report.ranks} or set(range(world_size))
+        done = tuple(sorted(ran - running))
+        raise TrainingTimeoutError(timeout or 0.0, tuple(sorted(running)), done)
     nodes = tuple(sorted(reports, key=lambda report: report.node_rank))
     return RunResult(_values(reports), world_size=world_size, duration=duration, nodes=nodes)
 

@@ -69,7 +69,8 @@ class Limits(_Checked):
     timeout: float | None = _option(
         None,
         checks.seconds_or_none,
-        "stop every rank after this many seconds and raise TrainingTimeoutError (None: no limit)",
+        "stop every rank this many seconds after the call started (across its restarts, "
+        "rescales and late joiners) and raise TrainingTimeoutError (None: no limit)",
     )
     hang_timeout: float | None = _option(
         None,

@@ -7,8 +7,11 @@ the same seeded schedule of losses plays against it (:mod:`goodput_plan`: a node
 ``--back-after`` seconds). For each side:
 
 * wall: from the ``launch`` call to its return (or the rival's start to its end);
-* goodput: the committed full-size steps (rows trained / (4 x batch)) x the fault-free step
-  time (the median time between two committed steps at 4 ranks, in the same run) / wall;
+* goodput: the committed steps x the fault-free step time (the median time between two
+  committed steps at 4 ranks, in the same run) / wall; a step at fewer ranks counts as a step
+  (the nodes out are not paid for), a step dropped or trained again after a restart does not;
+* at 4: the same at full size: the rows trained / (4 x batch) steps x the fault-free step /
+  wall, which also counts the capacity out while a node is away as lost;
 * exactly once: rows trained twice or never (a side with either fails its check); the rows the
   reader repeats to pad a rest that does not divide among the ranks are shown apart.
 
@@ -41,7 +44,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import fmt, kill_tree, log, print_machine, report_leftovers
-from goodput_plan import choose, goodput, read_in_place, read_restarts, schedule
+from goodput_plan import choose, full_size, goodput, read_in_place, read_restarts, schedule
 
 SIDES = {
     "inplace-ddp": "sparktrain in place, DDP",
@@ -186,7 +189,8 @@ def run_side(side: str, work: Path, args: argparse.Namespace, rows: int) -> dict
     found.update(
         rows=len(set(trained.rows)), duplicated=trained.duplicated(), padded=trained.padded(),
         missing=trained.missing(rows), step=step, dropped=trained.dropped,
-        goodput=goodput(trained, WORLD, BATCH, result["wall"], step),
+        steps=trained.steps, goodput=goodput(trained, result["wall"], step),
+        full_size=full_size(trained, WORLD, BATCH, result["wall"], step),
         checkpoint_files=len(list(work.glob("ckpt/**/*"))),
     )  # fmt: skip
     if found["duplicated"] or found["missing"]:
@@ -201,15 +205,16 @@ def borrow_step(found: list[dict[str, Any]]) -> None:
     for f in found:
         if "rows" in f and f.get("step") is None and lender and "HSDP" not in f["side"]:
             f["step"], f["step_from"] = lender["step"], lender["side"]
-            f["goodput"] = f["rows"] / (WORLD * BATCH) * lender["step"] / f["wall"]
+            f["goodput"] = f["steps"] * lender["step"] / f["wall"]
+            f["full_size"] = f["rows"] / (WORLD * BATCH) * lender["step"] / f["wall"]
 
 
 def print_table(found: list[dict[str, Any]], args: argparse.Namespace, rows: int) -> None:
     print(f"\nGoodput: {rows} rows once, 4 nodes of 1 rank, a loss every {args.mean_between:.0f} s"
           f" on average (seed {args.seed}, {args.notice_share:.0%} notices), back after "
           f"{args.back_after:.0f} s, {args.step_seconds} s sleep a step")  # fmt: skip
-    print(f"{'side':28} {'wall s':>8} {'step s':>7} {'goodput':>8} {'losses':>7} {'rescales':>9}"
-          f" {'ckpt files':>10}  exactly once")  # fmt: skip
+    print(f"{'side':28} {'wall s':>8} {'step s':>7} {'goodput':>8} {'at 4':>6} {'losses':>7}"
+          f" {'rescales':>9} {'ckpt files':>10}  exactly once")  # fmt: skip
     for f in found:
         if "wall" not in f:
             print(f"{f['side']:28} failed: {'; '.join(f['problems'])}")
@@ -219,8 +224,8 @@ def print_table(found: list[dict[str, Any]], args: argparse.Namespace, rows: int
         if f.get("padded"):
             once += f" (+{f['padded']} padded)"
         print(f"{f['side']:28} {f['wall']:8.1f} {fmt(f['step']):>7} {fmt(f['goodput']):>8} "
-              f"{losses:>7} {len(f['rescales']):>9} {f['checkpoint_files']:>10}  "
-              f"{once}")  # fmt: skip
+              f"{fmt(f['full_size']):>6} {losses:>7} {len(f['rescales']):>9} "
+              f"{f['checkpoint_files']:>10}  {once}")  # fmt: skip
         if f.get("step_from"):
             print(f"{'':28} (never at 4 ranks: the fault-free step is {f['step_from']}'s)")
         if f.get("relaunches"):
@@ -233,7 +238,8 @@ def print_table(found: list[dict[str, Any]], args: argparse.Namespace, rows: int
             continue
         good, losses, dropped = f["goodput"], 0, f.get("dropped", 0)
         losses = sum(1 for s in f["struck"] if s["kind"] != "none up")
-        print(f"  {f['side']}: goodput {good:.3f} (goal >= 0.95: {_met(good >= 0.95)})")
+        print(f"  {f['side']}: goodput {good:.3f} (goal >= 0.95: {_met(good >= 0.95)}); at 4 "
+              f"ranks {fmt(f['full_size'])}")  # fmt: skip
         if best_rival:
             times = good / best_rival
             print(f"    {times:.2f}x the best other side's (goal >= 1.2x: {_met(times >= 1.2)})")

@@ -63,6 +63,7 @@ class Trained:
     """What a side's logs say: the rows trained, and the committed steps' times."""
 
     rows: list[int] = field(default_factory=list)
+    steps: int = 0  # committed steps that count (each trained its batch once)
     #: generation (or attempt) -> the rows it trained, and its largest world size
     legs: dict[int, list[int]] = field(default_factory=dict)
     worlds: dict[int, int] = field(default_factory=dict)
@@ -80,6 +81,7 @@ class Trained:
 
     def train(self, generation: int, ids: list[int]) -> None:
         """``generation`` trained the rows ``ids`` (a committed step's batch)."""
+        self.steps += 1
         self.rows += ids
         self.legs.setdefault(generation, []).extend(ids)
 
@@ -160,10 +162,18 @@ def read_restarts(logs: Path) -> Trained:
     return trained
 
 
-def goodput(
+def goodput(trained: Trained, wall: float, step: float | None) -> float | None:
+    """Committed steps x the fault-free step time / the wall time (a step at any world size)."""
+    if step is None or wall <= 0:
+        return None
+    return trained.steps * step / wall
+
+
+def full_size(
     trained: Trained, world: int, batch: int, wall: float, step: float | None
 ) -> float | None:
-    """Committed full-size steps (rows / (world x batch)) x the fault-free step / wall time."""
+    """The same at full size: rows trained / (``world`` x ``batch``) steps, so that a step at
+    fewer ranks counts for the share of the rows it trained (the capacity out counts as lost)."""
     if step is None or wall <= 0:
         return None
     return len(set(trained.rows)) / (world * batch) * step / wall

@@ -75,10 +75,14 @@ def test_repeats_inside_one_generation_up_to_its_world_are_padding_and_others_du
     assert trained.padded() == 0 and trained.duplicated() == 2
 
 
-def test_goodput_is_full_size_steps_times_the_fault_free_step_over_the_wall() -> None:
-    trained = plan.Trained(rows=list(range(160)))
-    assert plan.goodput(trained, 4, 4, 100.0, 0.5) == 160 / 16 * 0.5 / 100.0
-    assert plan.goodput(trained, 4, 4, 100.0, None) is None
+def test_goodput_counts_committed_steps_and_at_full_size_the_rows() -> None:
+    trained = plan.Trained()
+    for step in range(10):  # 10 steps at 4 ranks of 4 rows, 10 at 2 ranks
+        trained.train(1, list(range(16 * step, 16 * step + 16)))
+        trained.train(2, list(range(1000 + 8 * step, 1000 + 8 * step + 8)))
+    assert plan.goodput(trained, 100.0, 0.5) == 20 * 0.5 / 100.0
+    assert plan.full_size(trained, 4, 4, 100.0, 0.5) == 240 / 16 * 0.5 / 100.0
+    assert plan.goodput(trained, 100.0, None) is None
 
 
 def test_every_world_size_divides_the_epoch_and_a_side_never_at_full_size_borrows() -> None:
@@ -86,7 +90,9 @@ def test_every_world_size_divides_the_epoch_and_a_side_never_at_full_size_borrow
         rows = goodput._rows(minutes, 0.1)
         assert rows > 0 and all(rows % (world * goodput.BATCH) == 0 for world in (1, 2, 3, 4))
     restart = {"side": goodput.SIDES["restart"], "rows": 160, "wall": 100.0, "step": 0.5}
-    torchrun = {"side": goodput.SIDES["torchrun"], "rows": 80, "wall": 100.0, "step": None}
+    torchrun = {"side": goodput.SIDES["torchrun"], "rows": 80, "steps": 8, "wall": 100.0,
+                "step": None}  # fmt: skip
     goodput.borrow_step([restart, torchrun])
-    assert torchrun["step"] == 0.5 and torchrun["goodput"] == 80 / 16 * 0.5 / 100.0
+    assert torchrun["step"] == 0.5 and torchrun["goodput"] == 8 * 0.5 / 100.0
+    assert torchrun["full_size"] == 80 / 16 * 0.5 / 100.0
     assert torchrun["step_from"] == restart["side"]

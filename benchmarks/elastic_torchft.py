@@ -57,39 +57,18 @@ def setup() -> dict[str, str]:
 
 def worker(group: int, data_dir: str, log_dir: str, lighthouse: str, step_seconds: float) -> None:
     """One replica group of one process: the loop of ``elastic.train`` under torchft."""
-    from datetime import timedelta
 
     import torch
-    import torch.distributed as dist
     from elastic import BATCH
     from torch import nn
-    from torchft import DistributedDataParallel, Manager, ProcessGroupGloo
+    from torchft import DistributedDataParallel
 
     from sparktrain.data import from_parquet
 
-    store_port, manager_port = _free_port(), _free_port()
-    store = dist.TCPStore("127.0.0.1", store_port, is_master=True, wait_for_workers=False)
     torch.manual_seed(0)
     net = nn.Linear(1, 1)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
-    manager = Manager(
-        pg=ProcessGroupGloo(timeout=timedelta(seconds=10)),
-        min_replica_size=1,
-        load_state_dict=lambda state: (
-            net.load_state_dict(state["model"]),
-            optimizer.load_state_dict(state["optimizer"]),
-        ),
-        state_dict=lambda: {"model": net.state_dict(), "optimizer": optimizer.state_dict()},
-        replica_id=f"group{group}",
-        store_addr="127.0.0.1",
-        store_port=store_port,
-        rank=0,
-        world_size=1,
-        lighthouse_addr=lighthouse,
-        port=manager_port,
-        timeout=timedelta(seconds=10),
-        quorum_timeout=timedelta(seconds=30),
-    )
+    manager, store = group_manager(net, optimizer, group, lighthouse)
     model = DistributedDataParallel(manager, net)
     Path(log_dir, f"ready{group}").touch()  # heartbeating: the first quorum waits for both
     while not all(Path(log_dir, f"ready{g}").exists() for g in (0, 1)):
@@ -112,6 +91,40 @@ def worker(group: int, data_dir: str, log_dir: str, lighthouse: str, step_second
             time.sleep(step_seconds)
     manager.shutdown(wait=False)
     del store
+
+
+def group_manager(
+    net: Any, optimizer: Any, group: int, lighthouse: str, *, use_async_quorum: bool = True
+) -> tuple[Any, Any]:
+    """A replica group of one process: its ``Manager`` (model and optimizer healed from a live
+    group) and the store it hosts (keep it alive as long as the manager)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from torchft import Manager, ProcessGroupGloo
+
+    store_port = _free_port()
+    store = dist.TCPStore("127.0.0.1", store_port, is_master=True, wait_for_workers=False)
+    manager = Manager(
+        pg=ProcessGroupGloo(timeout=timedelta(seconds=10)),
+        min_replica_size=1,
+        load_state_dict=lambda state: (
+            net.load_state_dict(state["model"]),
+            optimizer.load_state_dict(state["optimizer"]),
+        ),
+        state_dict=lambda: {"model": net.state_dict(), "optimizer": optimizer.state_dict()},
+        use_async_quorum=use_async_quorum,
+        replica_id=f"group{group}",
+        store_addr="127.0.0.1",
+        store_port=store_port,
+        rank=0,
+        world_size=1,
+        lighthouse_addr=lighthouse,
+        port=_free_port(),
+        timeout=timedelta(seconds=10),
+        quorum_timeout=timedelta(seconds=30),
+    )
+    return manager, store
 
 
 def _free_port() -> int:

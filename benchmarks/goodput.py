@@ -18,8 +18,9 @@ the same seeded schedule of losses plays against it (:mod:`goodput_plan`: a node
 Sides today: sparktrain in place with DDP's layout, in place with HSDP (2 replica groups of 2
 shards, ``fully_shard`` in each), sparktrain's restart path (DDP, asynchronous checkpoints
 every ``--every`` steps, ``grow_back``), and torchrun's elastic agent (four agents, DDP, DCP
-``async_save`` every ``--every`` steps: :mod:`goodput_torchrun`). torchft and Ray Train are not
-in this script yet (see docs/elastic.md).
+``async_save`` every ``--every`` steps: :mod:`goodput_torchrun`), and torchft (four replica
+groups of one process, its lighthouse, DDP: :mod:`goodput_torchft`, in a venv of its own made on
+first use). Ray Train is not in this script yet (see docs/elastic.md).
 
     python benchmarks/goodput.py                      # 10 minutes of losses a side
     python benchmarks/goodput.py --minutes 3 --mean-between 30 --back-after 15
@@ -51,6 +52,7 @@ SIDES = {
     "inplace-hsdp": "sparktrain in place, HSDP 2x2",
     "restart": "sparktrain restart, ckpts",
     "torchrun": "torchrun elastic, DCP ckpts",
+    "torchft": "torchft, 4 replica groups",
 }
 WORLD, BATCH = 4, 4
 #: A notice's lead time: the node's machine goes this long after ``preempt``.
@@ -121,6 +123,13 @@ def child(side: str, work: Path, args: argparse.Namespace) -> None:
         payload = goodput_torchrun.run(work, WORLD, worker, faults, args.limit)
         (work / "result.json").write_text(json.dumps(payload))
         return
+    if side == "torchft":
+        import goodput_torchft
+
+        worker = [str(work / "data"), str(work / "logs"), str(args.step_seconds), str(BATCH)]
+        payload = goodput_torchft.run(work, WORLD, worker, faults, args.limit)
+        (work / "result.json").write_text(json.dumps(payload))
+        return
     in_place = side.startswith("inplace")
     cluster = LocalCluster(nodes=WORLD)
     struck: list[dict[str, Any]] = []
@@ -183,7 +192,8 @@ def run_side(side: str, work: Path, args: argparse.Namespace, rows: int) -> dict
         found["problems"].append(f"exit {code}:\n{tail}")
         return found
     result = json.loads((work / "result.json").read_text())
-    trained = (read_in_place if side.startswith("inplace") else read_restarts)(work / "logs")
+    in_place = side.startswith("inplace") or side == "torchft"  # steps never go back
+    trained = (read_in_place if in_place else read_restarts)(work / "logs")
     step = trained.step_seconds(WORLD)
     found.update(result)
     found.update(

@@ -7,7 +7,8 @@ node returns ``back_after`` seconds later. Which node goes is drawn too (``pick`
 [0, 1) that chooses among the nodes up then, never the first: it hosts torchrun's store).
 
 The ranks log each step: ``P <step> <generation> <time> <ids>`` before it and ``C <step>
-<generation> <time> <world>`` once committed (in place), or ``R <step>`` at an attempt's
+<generation> <time> <world>`` once committed (in place; torchft's side logs both at the commit
+and ``D <step> 0 <time>`` for a step not committed), or ``R <step>`` at an attempt's
 resume and ``C <step> <generation> <time> <world> <ids>`` after each step (the restart path,
 the generation being the attempt). What counts as trained: in place, the batches of the
 generation each step committed in; on the restart path, each attempt's steps up to the step
@@ -133,6 +134,13 @@ def read_in_place(logs: Path) -> Trained:
     for step, generation in committed.items():
         trained.train(generation, pending.get((step, generation), []))
     trained.dropped = sum(1 for step, generation in pending if committed.get(step) != generation)
+    # torchft logs a step it did not commit as ``D`` (it tries the batch again): the most any
+    # one group logged
+    trained.dropped += max(
+        (sum(1 for line in path.read_text().splitlines() if line.startswith("D "))
+         for path in logs.glob("*.txt")),
+        default=0,
+    )  # fmt: skip
     return trained
 
 

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -103,19 +104,28 @@ class Agents:
                 self._kill(node)
 
 
-def _play(agents: Agents, faults: list[Fault], stop: threading.Event, struck: list) -> None:
-    """Apply ``faults`` from now on until ``stop``; cancel the returns not yet due at the end."""
+def play_kills(  # noqa: PLR0917 - the schedule's player, for a thread
+    up: Callable[[], list[int]],
+    lose: Callable[[int], None],
+    back: Callable[[int], None],
+    faults: list[Fault],
+    stop: threading.Event,
+    struck: list,
+) -> None:
+    """Apply ``faults`` from now on until ``stop``: each a SIGKILL (``lose``) of a node among
+    those ``up``, the node ``back`` after its fault's delay. The returns not yet due are
+    cancelled at the end. (Also torchft's side: neither rival has a notice.)"""
     start, timers = time.monotonic(), []
     try:
         for fault in faults:
             if stop.wait(max(0.0, start + fault.at - time.monotonic())):
                 return
-            node = choose(fault.pick, agents.up())
+            node = choose(fault.pick, up())
             if node is None:
                 struck.append({"at": fault.at, "kind": "none up"})
                 continue
-            agents.lose(node)
-            timers.append(threading.Timer(fault.back_after, agents.back, (node,)))
+            lose(node)
+            timers.append(threading.Timer(fault.back_after, back, (node,)))
             timers[-1].start()
             struck.append({"at": round(time.monotonic() - start, 2), "kind": "kill", "node": node})
     finally:
@@ -135,7 +145,9 @@ def run(work: Path, nodes: int, worker_args: list[str], faults: list[Fault],
     struck: list[dict[str, Any]] = []
     stop = threading.Event()
     began, relaunches = time.monotonic(), 0
-    player = threading.Thread(target=_play, args=(agents, faults, stop, struck))
+    player = threading.Thread(
+        target=play_kills, args=(agents.up, agents.lose, agents.back, faults, stop, struck)
+    )
     try:
         agents.launch()
         player.start()

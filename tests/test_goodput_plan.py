@@ -41,6 +41,14 @@ def test_in_place_counts_a_step_in_the_generation_it_committed_in(tmp_path: Path
     assert trained.commits[(1, 1)] == (10.1, 2)  # the earliest rank's commit
 
 
+def test_torchfts_steps_not_committed_count_as_dropped(tmp_path: Path) -> None:
+    # torchft's side logs a step at its commit, and "D" for a step tried and not committed.
+    _write(tmp_path, "group0-1.txt", ["D 1 0 1.0", "P 1 0 2.0 1 2", "C 1 0 2.0 2", "D 2 0 3.0"])
+    _write(tmp_path, "group1-2.txt", ["D 1 0 1.0", "P 1 0 2.0 3 4", "C 1 0 2.0 2"])
+    trained = plan.read_in_place(tmp_path)
+    assert sorted(trained.rows) == [1, 2, 3, 4] and trained.steps == 1 and trained.dropped == 2
+
+
 def test_a_restart_counts_each_attempt_up_to_the_next_resume(tmp_path: Path) -> None:
     # Attempt 1700 (a generation named by the clock, as torchrun's side does) trained steps
     # 1-3; attempt 1800 resumed from step 2's checkpoint: step 3's rows were trained again.

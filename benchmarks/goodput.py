@@ -20,7 +20,8 @@ shards, ``fully_shard`` in each), sparktrain's restart path (DDP, asynchronous c
 every ``--every`` steps, ``grow_back``), and torchrun's elastic agent (four agents, DDP, DCP
 ``async_save`` every ``--every`` steps: :mod:`goodput_torchrun`), and torchft (four replica
 groups of one process, its lighthouse, DDP: :mod:`goodput_torchft`, in a venv of its own made on
-first use). Ray Train is not in this script yet (see docs/elastic.md).
+first use), and Ray Train v2 (its elastic worker group on a 4-node Ray cluster on this
+machine, checkpoints reported to it: :mod:`goodput_raytrain`).
 
     python benchmarks/goodput.py                      # 10 minutes of losses a side
     python benchmarks/goodput.py --minutes 3 --mean-between 30 --back-after 15
@@ -53,6 +54,7 @@ SIDES = {
     "restart": "sparktrain restart, ckpts",
     "torchrun": "torchrun elastic, DCP ckpts",
     "torchft": "torchft, 4 replica groups",
+    "raytrain": "Ray Train v2 elastic, ckpts",
 }
 WORLD, BATCH = 4, 4
 #: A notice's lead time: the node's machine goes this long after ``preempt``.
@@ -121,6 +123,14 @@ def child(side: str, work: Path, args: argparse.Namespace) -> None:
         worker = [str(work / "data"), str(work / "ckpt"), str(work / "logs"),
                   str(args.step_seconds), str(BATCH), str(args.every)]  # fmt: skip
         payload = goodput_torchrun.run(work, WORLD, worker, faults, args.limit)
+        (work / "result.json").write_text(json.dumps(payload))
+        return
+    if side == "raytrain":
+        import goodput_raytrain
+
+        worker = [str(work / "data"), str(work / "logs"), str(args.step_seconds), str(BATCH),
+                  str(args.every)]  # fmt: skip
+        payload = goodput_raytrain.run(work, WORLD, worker, faults, args.limit)
         (work / "result.json").write_text(json.dumps(payload))
         return
     if side == "torchft":

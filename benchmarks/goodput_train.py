@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,31 @@ def loss_of(net: Any, ids: Any) -> Any:
     )  # fmt: skip
     logits = net(tokens[:, :-1])
     return torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+
+
+def logged_steps(  # noqa: PLR0917 - the restart loops' one shape
+    log: Path, generation: int, step: int, world: int, parts: tuple[Any, Any, Any],
+    step_seconds: float,
+) -> Iterator[int]:  # fmt: skip
+    """Train the rest of the data reader from ``step`` on, one committed step at a time, logged
+    as :func:`goodput_plan.read_restarts` reads; yields each step's number after its sleep.
+
+    ``parts``: the DDP model, its optimizer, the data reader.
+    """
+    ddp, optimizer, data = parts
+    with log.open("a") as out:
+        out.write(f"R {step}\n")
+        out.flush()
+        for rows in data:
+            step += 1
+            loss_of(ddp, rows["id"]).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            ids = " ".join(str(int(i)) for i in rows["id"])
+            out.write(f"C {step} {generation} {time.time():.6f} {world} {ids}\n")
+            out.flush()
+            time.sleep(step_seconds)
+            yield step
 
 
 def train_in_place(
@@ -112,25 +138,15 @@ def train_restart(  # noqa: PLR0917 - one tuple of arguments from launch
     ddp = DDP(net)
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
     data = from_parquet(data_dir, batch_size=batch, seed=3)
-    step = resume(ckpt_dir, net, optimizer, data)
+    step = start = resume(ckpt_dir, net, optimizer, data)
     attempt = sparktrain.restart_count()
-    with Path(log_dir, f"attempt{attempt}-rank{rank}-{os.getpid()}.txt").open("a") as out:
-        out.write(f"R {step}\n")
-        out.flush()
-        for rows in data:
-            step += 1
-            loss_of(ddp, rows["id"]).backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            ids = " ".join(str(int(i)) for i in rows["id"])
-            out.write(f"C {step} {attempt} {time.time():.6f} {world} {ids}\n")
-            out.flush()
-            sparktrain.report(step=step, world=world)
-            time.sleep(step_seconds)
-            if step % every == 0:
-                state = {"model": net.state_dict(), "optimizer": optimizer.state_dict(),
-                         "data": data.state_dict()}  # fmt: skip
-                checkpoint.save(state, ckpt_dir, step=step)
+    log = Path(log_dir, f"attempt{attempt}-rank{rank}-{os.getpid()}.txt")
+    for step in logged_steps(log, attempt, start, world, (ddp, optimizer, data), step_seconds):
+        sparktrain.report(step=step, world=world)
+        if step % every == 0:
+            state = {"model": net.state_dict(), "optimizer": optimizer.state_dict(),
+                     "data": data.state_dict()}  # fmt: skip
+            checkpoint.save(state, ckpt_dir, step=step)
     checkpoint.wait()
     dist.destroy_process_group()
     return step
@@ -183,31 +199,70 @@ def train_torchrun(  # noqa: PLR0917 - the worker's command line, one loop
                 (folder / "done").touch()
         pending.clear()
 
-    with Path(log_dir, f"attempt{generation}-rank{rank}-{os.getpid()}.txt").open("a") as out:
-        out.write(f"R {step}\n")
-        out.flush()
-        for rows in data:
-            step += 1
-            loss_of(ddp, rows["id"]).backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            ids = " ".join(str(int(i)) for i in rows["id"])
-            out.write(f"C {step} {generation} {time.time():.6f} {world} {ids}\n")
-            out.flush()
-            time.sleep(step_seconds)
-            if step % every == 0:
-                finish()
-                folder = Path(ckpt_dir, str(step))
-                if rank == 0:
-                    folder.mkdir(parents=True, exist_ok=True)
-                    torch.save(data.state_dict(), folder / "data.pt")
-                model_state, optim_state = get_state_dict(net, optimizer)
-                state = {"model": model_state, "optimizer": optim_state}
-                future = dcp.async_save(state, checkpoint_id=str(folder), process_group=saver)
-                pending.append((future, folder))
+    log = Path(log_dir, f"attempt{generation}-rank{rank}-{os.getpid()}.txt")
+    parts, start = (ddp, optimizer, data), step
+    for step in logged_steps(log, generation, start, world, parts, step_seconds):
+        if step % every == 0:
+            finish()
+            folder = Path(ckpt_dir, str(step))
+            if rank == 0:
+                folder.mkdir(parents=True, exist_ok=True)
+                torch.save(data.state_dict(), folder / "data.pt")
+            model_state, optim_state = get_state_dict(net, optimizer)
+            state = {"model": model_state, "optimizer": optim_state}
+            future = dcp.async_save(state, checkpoint_id=str(folder), process_group=saver)
+            pending.append((future, folder))
     finish()
     dist.destroy_process_group()
     return step
+
+
+def train_raytrain(config: dict[str, Any]) -> None:
+    """Ray Train's side: DDP on the group Ray Train formed, a checkpoint every ``every`` steps.
+
+    Rank 0 writes the model, optimizer and data reader's state into a folder and reports it as a
+    ``ray.train.Checkpoint`` (every rank reports, as Ray Train asks); a new worker group, after a
+    loss or a resize, resumes from the latest one Ray Train kept. Each group start is a
+    generation, named by rank 0's clock.
+    """
+    import tempfile
+
+    import ray.train
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from sparktrain.data import from_parquet
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    net = model()
+    ddp = DDP(net)
+    optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+    data = from_parquet(config["data"], batch_size=config["batch"], seed=3)
+    step = 0
+    saved = ray.train.get_checkpoint()
+    if saved is not None:
+        with saved.as_directory() as folder:
+            state = torch.load(Path(folder, "state.pt"), weights_only=False)
+        net.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        data.load_state_dict(state["data"])
+        step = state["step"]
+    names = [time.time_ns()]
+    dist.broadcast_object_list(names, src=0)
+    log = Path(config["logs"], f"attempt{names[0]}-rank{rank}-{os.getpid()}.txt")
+    parts, seconds, start = (ddp, optimizer, data), config["step_seconds"], step
+    for step in logged_steps(log, names[0], start, world, parts, seconds):
+        if step % config["every"] == 0:
+            with tempfile.TemporaryDirectory() as folder:
+                checkpoint = None
+                if rank == 0:
+                    state = {"model": net.state_dict(), "optimizer": optimizer.state_dict(),
+                             "data": data.state_dict(), "step": step}  # fmt: skip
+                    torch.save(state, Path(folder, "state.pt"))
+                    checkpoint = ray.train.Checkpoint.from_directory(folder)
+                    Path(config["saved"], str(step)).touch()  # one file a checkpoint
+                ray.train.report({"step": step}, checkpoint=checkpoint)
 
 
 if __name__ == "__main__":  # torchrun's worker: data ckpt logs step_seconds batch every

@@ -356,3 +356,28 @@ def test_a_member_lost_while_its_replica_group_forms_sends_the_rank_to_join_agai
     assert found == {"rejoin": True, "left": False, "active": False,
                      "group": [4, 2] if joining else [0, 1]}  # fmt: skip
     assert "joins again as a new group" in done.stderr
+
+
+def test_a_recovery_that_fails_is_tried_again_but_a_broken_group_is_not() -> None:
+    """A loss while the survivors form their next generation (or heal a joiner) fails that
+    recovery: it is tried again, as in DDP's layout (the sharded run failed instead). A recovery
+    that finds this rank's own group broken ends at once: the rank joins again as a new group."""
+    from sparktrain.rank.inplace_sharded import ShardedInPlace
+    from sparktrain.rank.replicas import Dropped
+
+    class Tried(ShardedInPlace):
+        def __init__(self, errors: list[RuntimeError]) -> None:  # no run: the retry alone
+            self.errors, self.tries = errors, 0
+
+        def _recover(self) -> bool:
+            self.tries += 1
+            if self.errors:
+                raise self.errors.pop(0)
+            return True
+
+    lost = Tried([RuntimeError("a member died while the group formed")] * 2)
+    assert lost._recovered() is True and lost.tries == 3
+    broken = Tried([Dropped("a peer of rank 2's replica group was lost")])
+    with pytest.raises(Dropped):
+        broken._recovered()
+    assert broken.tries == 1

@@ -80,6 +80,9 @@ class InPlace:
             (``joined/<me>``) and takes their state.
     """
 
+    #: Errors of a recovery that end it rather than being tried again.
+    FINAL: tuple[type[RuntimeError], ...] = ()
+
     def __init__(
         self,
         model: Any,
@@ -299,8 +302,9 @@ class InPlace:
         for _ in range(RECOVERIES - 1):
             try:
                 return self._recover()
-            except RuntimeError:  # the new group lost a member while it formed or healed
-                continue
+            except RuntimeError as error:  # the new group lost a member while it formed or healed
+                if isinstance(error, self.FINAL):
+                    raise
         return self._recover()
 
     def _commit(self) -> None:

@@ -83,6 +83,8 @@ class ShardedInPlace(InPlace):
         timeout: The cross-group collectives' timeout.
     """
 
+    FINAL = (Dropped,)  # a recovery that finds this rank's group broken sends it to join again
+
     def __init__(
         self,
         model: Any,
@@ -202,8 +204,13 @@ class ShardedInPlace(InPlace):
             self.reduced = True
             self._wait(world.allreduce([self.tail]))
         except RuntimeError:  # Aborted too
-            return self._recover()
-        self._commit_step(self.tail.tolist())
+            return self._recovered()
+        try:
+            self._commit_step(self.tail.tolist())  # a group formed at its end may fail too
+        except RuntimeError as error:
+            if isinstance(error, self.FINAL):
+                raise
+            self._recovered()
         return True
 
     def _commit_step(self, flags: list[float] | None) -> None:
@@ -225,7 +232,7 @@ class ShardedInPlace(InPlace):
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
-        self.reduced = False
+        self.reduced, self._rep_work = False, None  # a recovery must not take them for the next
         if self.data is not None:
             self.data_state = self.data.state_dict()
         if flags is not None:

@@ -31,28 +31,33 @@ def _model() -> Any:
     return torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
 
 
-def _hsdp_train(
-    data_dir: str, log_dir: str, replicas: int, step_seconds: float, starts: int
-) -> Any:
-    """One rank: FSDP2 inside its replica group, in place across groups; logs as described."""
+def _hsdp_train(  # noqa: PLR0917 - one tuple of arguments from launch
+    data_dir: str, log_dir: str, replicas: int, step_seconds: float, starts: int,
+    build: bool = False,
+) -> Any:  # fmt: skip
+    """One rank: FSDP2 inside its replica group, in place across groups; logs as described.
+    ``build``: ``in_place(..., replicas=)`` shards the plain model and makes the optimizer."""
     import torch
     from torch.distributed.fsdp import fully_shard
 
     import sparktrain
     from sparktrain.data import from_parquet
 
-    Path(log_dir, f"started-{os.getpid()}-{time.time_ns()}").touch()
-    mesh = sparktrain.elastic.mesh(replicas=replicas)
-    model = _model()
-    for layer in (model[0], model[2]):
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.02)
-
     def make_data(rank: int, world: int) -> object:
         return from_parquet(data_dir, batch_size=BATCH, shuffle=False, rank=rank, world_size=world)
 
-    run = sparktrain.elastic.in_place(model, optimizer, make_data, mesh=mesh)
+    Path(log_dir, f"started-{os.getpid()}-{time.time_ns()}").touch()
+    model = _model()
+    if build:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.02)
+        run = sparktrain.elastic.in_place(model, optimizer, make_data, replicas=replicas)
+    else:
+        mesh = sparktrain.elastic.mesh(replicas=replicas)
+        for layer in (model[0], model[2]):
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.02)
+        run = sparktrain.elastic.in_place(model, optimizer, make_data, mesh=mesh)
     with open(Path(log_dir, f"rank{run.me}.txt"), "a") as out:
         for batch in run.batches():
             x = batch["x"][:, None]
@@ -98,7 +103,7 @@ def _launch(
     return launch(
         _hsdp_train,
         (str(tmp_path / "data"), str(tmp_path / "logs"), replicas, kw.get("step_seconds", 0.1),
-         kw.get("starts", 0)),
+         kw.get("starts", 0), kw.get("build", False)),
         num_processes=ranks,
         backend=cluster,
         min_processes=1,
@@ -381,3 +386,32 @@ def test_a_recovery_that_fails_is_tried_again_but_a_broken_group_is_not() -> Non
     with pytest.raises(Dropped):
         broken._recovered()
     assert broken.tries == 1
+
+
+def test_in_place_shards_a_plain_model_itself_from_replicas(tmp_path: Path) -> None:
+    """``in_place(model, optimizer, make_data, replicas=2)`` on a plain model and an AdamW made
+    over it: the call makes the mesh, shards the model and makes the AdamW again over the shards;
+    a 2x2 run with no loss trains every row once, to a one-process replay's weights."""
+    from sparktrain import LocalCluster
+
+    _table(tmp_path)
+    cluster = LocalCluster(nodes=2, procs_per_node=2)
+    result = _launch(tmp_path, cluster, 4, 2, None, step_seconds=0.0, build=True)
+    assert result.attempts == 1 and result.world_size == 4 and not result.rescales
+    _assert_like_one_process(tmp_path / "logs", list(result.return_values.values()))
+
+
+def test_in_place_replicas_refuses_what_it_cannot_shard_or_make_again() -> None:
+    import torch
+
+    import sparktrain
+    from sparktrain import ConfigError
+
+    model = _model()
+    with pytest.raises(ConfigError, match="pass one of them"):
+        sparktrain.elastic.in_place(model, None, lambda r, w: [], mesh=object(), replicas=2)
+    two = torch.optim.SGD([{"params": [model[0].weight]}, {"params": [model[2].weight]}], lr=1)
+    with pytest.raises(ConfigError, match=r"2 parameter groups.*lambda params"):
+        sparktrain.elastic.in_place(model, two, lambda r, w: [], replicas=2)
+    with pytest.raises(ConfigError, match="optimizer=3 is neither"):
+        sparktrain.elastic.in_place(model, 3, lambda r, w: [], replicas=2)

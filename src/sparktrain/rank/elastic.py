@@ -12,6 +12,7 @@ scale the learning rate instead passes ``on_rescale`` to
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from sparktrain.contract import env
@@ -80,6 +81,7 @@ def in_place(
     make_data: Callable[[int, int], Any],
     *,
     mesh: Any = None,
+    replicas: int | None = None,
 ) -> Any:
     """This rank's in-place elastic loop (``launch(..., min_processes=..., in_place=True)``).
 
@@ -96,9 +98,25 @@ def in_place(
     ``fully_shard``): the loop returned is a
     :class:`sparktrain.rank.inplace_sharded.ShardedInPlace`, used the same way. See
     docs/elastic.md, "In place".
+
+    With ``replicas`` instead, this call makes the mesh (:func:`mesh`) and shards the plain
+    ``model`` itself (``fully_shard`` on every layer that owns parameters, then the root), and
+    makes the optimizer again over the sharded parameters (the loop's ``run.optimizer``):
+    ``optimizer`` is then a torch optimizer made over the plain model (its class and settings
+    are kept; one parameter group, no state yet) or a function that makes one from parameters.
+
+    Raises:
+        ConfigError: Both ``mesh`` and ``replicas``; an optimizer that cannot be made again.
     """
     from sparktrain.rank.replicas import in_place_store
 
+    if replicas is not None:
+        if mesh is not None:
+            raise ConfigError(
+                "sparktrain.elastic.in_place(..., mesh=..., replicas=...): pass one of them: "
+                "mesh= for a model you sharded yourself, replicas= to have it sharded here."
+            )
+        mesh, optimizer = _sharded_here(model, optimizer, replicas)
     if mesh is not None:
         from sparktrain.rank.inplace_sharded import ShardedInPlace
         from sparktrain.rank.replicas import active
@@ -114,6 +132,54 @@ def in_place(
         me=env.contract_rank(),
         joining=env.in_place_joining(),
     )
+
+
+def _sharded_here(model: Any, optimizer: Any, replicas: int) -> tuple[Any, Any]:
+    """``in_place(..., replicas=)``: the mesh, the model sharded over it, the optimizer again."""
+    import torch
+
+    from sparktrain.strategies.fsdp import shard
+    from sparktrain.strategies.options import Sharding
+
+    remade = _optimizer_maker(optimizer)
+    made = mesh(replicas)
+    shard(model, torch.device("cpu"), made, precision=None, sharding=Sharding())
+    return made, remade(model.parameters())
+
+
+def _optimizer_maker(optimizer: Any) -> Callable[[Any], Any]:
+    """How to make ``optimizer`` again over other parameters (checked before anything forms)."""
+    import torch
+
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        if callable(optimizer):
+            return optimizer  # type: ignore[no-any-return]
+        raise ConfigError(
+            f"sparktrain.elastic.in_place(..., replicas=...): optimizer={optimizer!r} is neither "
+            "a torch optimizer nor a function that makes one from parameters, such as "
+            "lambda params: torch.optim.AdamW(params, lr=1e-3)."
+        )
+    kind = type(optimizer).__name__
+    if len(optimizer.param_groups) != 1 or optimizer.state:
+        raise ConfigError(
+            f"sparktrain.elastic.in_place(..., replicas=...): the {kind} has "
+            f"{len(optimizer.param_groups)} parameter groups"
+            + (" and a state already" if optimizer.state else "")
+            + "; it is made again over the sharded parameters from its class and settings, "
+            "which keeps one group and no state. Pass a function that makes it from "
+            "parameters instead, such as lambda params: torch.optim.AdamW(params, lr=1e-3)."
+        )
+    return partial(type(optimizer), **_settings(optimizer))
+
+
+def _settings(optimizer: Any) -> dict[str, Any]:
+    """The optimizer's settings that its class takes (AdamW's defaults name one it does not)."""
+    import inspect
+
+    taken = inspect.signature(type(optimizer)).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in taken.values()):
+        return dict(optimizer.defaults)
+    return {k: v for k, v in optimizer.defaults.items() if k in taken}
 
 
 __all__ = ["accumulation", "in_place", "mesh", "target_world_size", "world_size"]

@@ -152,6 +152,8 @@ def test_a_timeout_the_driver_saw_pass_names_the_ranks_it_stopped() -> None:
     with pytest.raises(TrainingTimeoutError, match=running):
         _finish(reports, timed_out=True)
     assert isinstance(_finish(reports[:1]), RunResult)  # the same stop, no deadline: a result
+    between = TrainingTimeoutError(9.0, (), ())  # it passed before the next attempt started
+    assert "passed between two attempts" in str(between) and "running: ." not in str(between)
 
 
 # -- node_report: from how the processes ended to a node's report --------------------------------

@@ -225,7 +225,7 @@ def _within(options: RunOptions, deadline: Deadline | None, plan: LaunchPlan) ->
         return options
     left = deadline.left()
     if not left:
-        raise TrainingTimeoutError(deadline.timeout, tuple(range(plan.world_size)), ())
+        raise TrainingTimeoutError(deadline.timeout, (), ())
     limits = dataclasses.replace(options.limits, timeout=left)
     return dataclasses.replace(options, limits=limits)
 

@@ -224,12 +224,17 @@ class TrainingTimeoutError(TrainingFailedError):
 
     def __init__(self, timeout: float, running: tuple[int, ...], done: tuple[int, ...]) -> None:
         self.running = running
-        headline = (
-            f"the run did not finish within timeout={timeout:g}s; stopped the ranks still "
-            f"running: {_ranks(running)}"
+        what = (
+            f"stopped the ranks still running: {_ranks(running)}"
             + (f" (finished: {_ranks(done)})" if done else "")
-            + ". Raise timeout= if the run needs longer, or look for a rank waiting on a "
-            "collective that another rank never reached."
+            if running
+            else "it passed between two attempts (after a restart or a rescale); the next was "
+            "not started"
+        )
+        headline = (
+            f"the run did not finish within timeout={timeout:g}s; {what}. Raise timeout= if the "
+            "run needs longer, or look for a rank waiting on a collective that another rank "
+            "never reached."
         )
         super().__init__(None, running, {}, headline=headline)
 

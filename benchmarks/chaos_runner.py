@@ -26,7 +26,9 @@ from chaos_checks import Outcome
 from chaos_inject import Injector, continue_all, late_starts
 from chaos_plan import Run
 
-#: Each attempt's ``timeout=`` (it stops a run that hangs); ``hang_timeout=`` of every run.
+#: Each attempt's share of the call's ``timeout=`` (it stops a run that hangs): a run that may
+#: start ``k`` attempts (its restarts, and for an elastic run one shrink) gets ``k`` of them, as
+#: ``timeout=`` bounds the whole call; ``hang_timeout=`` of every run.
 RUN_TIMEOUT = 30.0
 HANG_TIMEOUT = 6.0
 #: Seconds past the attempts' timeouts by which a launch must have returned (else: a hang).
@@ -105,13 +107,15 @@ def execute(run: Run, ctx: Context) -> Outcome:
     folder, ckpt = _folders(run, ctx)
     fn, args, options = spec(run.workload, folder, ckpt, ctx.data_dir)
     options["max_restarts"] = run.max_restarts
+    attempts = run.max_restarts + 1 + (1 if "min_processes" in options else 0)
+    options["timeout"] = attempts * RUN_TIMEOUT
     started = time.monotonic()
     injector = Injector(run, folder, ctx.disk, started)
     injector.start()
     box: dict[str, Any] = {}
     thread = threading.Thread(target=_call, args=(fn, args, options, box), daemon=True)
     thread.start()
-    thread.join((run.max_restarts + 1) * (RUN_TIMEOUT + HANG_TIMEOUT) + MARGIN)
+    thread.join(attempts * (RUN_TIMEOUT + HANG_TIMEOUT) + MARGIN)
     hung = thread.is_alive()
     if hung:
         _unstick(injector)

@@ -11,7 +11,9 @@ at a time. Each run is a real 2-rank launch of a few seconds, drawn from (``chao
   ``min_processes=1``; ``spark``: the DDP run on a ``local-cluster[2,1,1024]`` session
   started once (``--no-spark`` leaves it out).
 
-Each run gets ``timeout=30``, ``hang_timeout=6``, a random ``max_restarts`` (0-2), and one
+Each run gets ``timeout=30`` for each attempt it may start (the call's bound: 30 x its
+restarts + 1, one more for an elastic run), ``hang_timeout=6``, a random ``max_restarts`` (0-2),
+and one
 fault at a random moment (``chaos_inject.py``): SIGKILL of a rank, of the fork server, of a
 node (a ``LocalCluster`` node process, or the Spark executor's Python worker that runs the node
 agent), of the caller (then run as a subprocess); SIGSTOP of a rank (past ``hang_timeout``); the

@@ -101,8 +101,7 @@ def follow(
                 continue
             due = deadline is not None and not deadline.left()
             if cancel_at is None and (polled.failed or monitor.stop_requested() or due):
-                if due and not polled.failed:
-                    assert deadline is not None
+                if deadline is not None and due and not polled.failed:
                     deadline.passed = True
                 nodes.cancel(force=False)
                 cancel_at = time.monotonic() + CANCEL_AFTER + stop_grace

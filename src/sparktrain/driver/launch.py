@@ -177,7 +177,7 @@ class PreparedLaunch:
         deadline: Deadline | None = None,
     ) -> RunResult | GrowingBack:
         started = time.monotonic()
-        options = _within(self.options, deadline, plan)
+        options = _within(self.options, deadline)
         target = self.target if options.elastic else None
         store = None
         if (
@@ -215,7 +215,7 @@ class PreparedLaunch:
         return result
 
 
-def _within(options: RunOptions, deadline: Deadline | None, plan: LaunchPlan) -> RunOptions:
+def _within(options: RunOptions, deadline: Deadline | None) -> RunOptions:
     """An attempt's options: its nodes' own ``timeout`` is what is left of the call's.
 
     Raises:

@@ -42,6 +42,7 @@ from sparktrain.contract.inplace import (
 )
 from sparktrain.ground.errors import ConfigError
 from sparktrain.rank import process_groups
+from sparktrain.rank.flat_grads import grad_views, trained_params, use_views
 
 #: How often a rank waiting on a collective looks at its generation's abort key (seconds).
 ABORT_POLL_SECONDS = 0.01
@@ -96,14 +97,7 @@ class InPlace:
     ) -> None:
         self.model, self.optimizer, self.make_data = model, optimizer, make_data
         self.store, self.me, self.timeout = store, me, timeout
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        devices = sorted({str(p.device) for p in self.params})
-        if devices != ["cpu"]:
-            raise ConfigError(
-                f"sparktrain.elastic.in_place trains a model on the CPU over gloo today; this one "
-                f"has parameters on {devices}. Keep the model on the CPU, or leave in_place out "
-                "(an elastic run then restarts from its checkpoint on GPUs)."
-            )
+        self.params = trained_params(model)
         self.generation = 0
         self.members: list[int] = []
         self.steps = 0  # committed
@@ -199,6 +193,16 @@ class InPlace:
     def _form(self) -> None:
         """Join the latest generation; the gradients become views of a new buffer."""
         import torch
+
+        self._join_group()
+        size = sum(p.numel() for p in self.params)
+        self.flat = torch.zeros(size + self.world_size + 1, dtype=self.params[0].dtype)
+        self.grads = self.flat[:size]
+        self.tail = self.flat[size:]
+        self.views = grad_views(self.params, self.grads)
+
+    def _join_group(self) -> None:
+        """Form the latest generation's process group (``torch.distributed``'s default one)."""
         import torch.distributed as dist
 
         if not self._assemble():
@@ -214,16 +218,6 @@ class InPlace:
             world_size=len(self.members),
             timeout=timedelta(seconds=self.timeout),
         )
-        size = sum(p.numel() for p in self.params)
-        self.flat = torch.zeros(size + self.world_size + 1, dtype=self.params[0].dtype)
-        self.grads = self.flat[:size]
-        self.tail = self.flat[size:]
-        self.views, offset = [], 0
-        for p in self.params:
-            view = self.grads[offset : offset + p.numel()].view_as(p)
-            p.grad = view
-            self.views.append(view)
-            offset += p.numel()
 
     def _heal(self, source: int) -> None:
         """Everyone takes the state of the group's rank ``source`` (a broadcast, no disk)."""
@@ -275,21 +269,25 @@ class InPlace:
         Returns ``True`` if the step committed (after a loss, the survivors have re-formed
         either way, and the data is divided among them).
         """
-        for p, view in zip(self.params, self.views, strict=True):
-            if p.grad is not view:  # the loop set the gradients to None or replaced them
-                if p.grad is None:
-                    view.zero_()
-                else:
-                    view.copy_(p.grad)
-                p.grad = view
+        use_views(self.params, self.views)
         self._fill_tail()
         try:
             self._reduce()
         except RuntimeError:  # Aborted too
             return self._recovered()
+        return self._settle()
+
+    def _settle(self) -> bool:
+        """Commit the reduced step, and return ``True``.
+
+        A group formed at its end (ranks leave or join) may fail too: that is recovered from,
+        unless the error is :attr:`FINAL`.
+        """
         try:
-            self._commit()  # a group formed at its end (ranks leave or join) may fail too
-        except RuntimeError:
+            self._commit_step(self.tail.tolist())
+        except RuntimeError as error:
+            if isinstance(error, self.FINAL):
+                raise
             self._recovered()
         return True
 
@@ -307,8 +305,7 @@ class InPlace:
                     raise
         return self._recover()
 
-    def _commit(self) -> None:
-        flags = self.tail.tolist()
+    def _commit_step(self, flags: list[float]) -> None:
         self.grads.div_(self.world_size)
         self.optimizer.step()
         self.flat.zero_()
@@ -349,15 +346,18 @@ class InPlace:
             self.left = True
             self.store.set(gone(self.me), str(self.steps))  # the driver records the rescale
             return
-        self.generation += 1
-        group = [m for m in self.members if m not in leavers] + joiners
-        self.store.set(members(self.generation), json.dumps(group))  # each the same
-        for joiner in joiners:
-            self.store.set(joined(joiner), str(self.generation))
-        self._form()
+        self._next_generation([m for m in self.members if m not in leavers], joiners)
         if joiners:
             self._heal(0)
         self._reshard = True
+
+    def _next_generation(self, kept: list[int], joiners: list[int]) -> None:
+        """Name and form the generation of ``kept`` and ``joiners`` (each member names it alike)."""
+        self.generation += 1
+        self.store.set(members(self.generation), json.dumps(kept + joiners))
+        for joiner in joiners:
+            self.store.set(joined(joiner), str(self.generation))
+        self._form()
 
     def _recover(self) -> bool:
         """Leave the failed generation, agree on the step, form the next one."""

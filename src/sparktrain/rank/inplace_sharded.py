@@ -28,9 +28,7 @@ from typing import Any
 from sparktrain.contract.inplace import (
     abort,
     gone,
-    joined,
     keep_whole,
-    members,
     post,
     replica_groups,
     whole_groups,
@@ -205,13 +203,7 @@ class ShardedInPlace(InPlace):
             self._wait(world.allreduce([self.tail]))
         except RuntimeError:  # Aborted too
             return self._recovered()
-        try:
-            self._commit_step(self.tail.tolist())  # a group formed at its end may fail too
-        except RuntimeError as error:
-            if isinstance(error, self.FINAL):
-                raise
-            self._recovered()
-        return True
+        return self._settle()
 
     def _commit_step(self, flags: list[float] | None) -> None:
         """Step with the reduced gradients; then act on the tail's requests (``None``: none)."""
@@ -254,11 +246,7 @@ class ShardedInPlace(InPlace):
             return
         if self.me in dropped:
             raise Dropped(f"rank(s) {sorted(set(leavers))} of its replica group left on notice")
-        self.generation += 1
-        self.store.set(members(self.generation), json.dumps(kept + joiners))  # each the same
-        for joiner in joiners:
-            self.store.set(joined(joiner), str(self.generation))
-        self._form()
+        self._next_generation(kept, joiners)
         if joiners:
             self._heal_shards(full=True)
         self._reshard = True

@@ -14,6 +14,10 @@ A sharded run (HSDP: each replica group shards the model, the groups replicate i
 ranks each, in order, and a group that lost a rank is dropped whole (its shards are incomplete).
 Its other ranks wait to join again, as a new group, with a returning node (tickets
 ``join_tickets``, ``ticket/<t>``: ``replica_size`` consecutive tickets form a group).
+
+A ZeRO run (the optimizer state partitioned, one partition a rank) sets ``zero_node_ranks``: the
+ranks of a node, which places each partition's copy on another node (:func:`copy_holder`), and
+``zero_plans``: the members the partitions were cut for before the last cut and now (JSON).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ SLOTS = "request_slots"
 FINISHED = "finished"
 REPLICA_SIZE = "replica_size"
 TICKETS = "join_tickets"
+ZERO_NODE_RANKS = "zero_node_ranks"
+ZERO_PLANS = "zero_plans"
 
 
 def members(generation: int) -> str:
@@ -77,6 +83,34 @@ def keep_whole(group: list[int], lost: set[int], size: int) -> tuple[list[int], 
         else:
             kept += replica
     return kept, dropped
+
+
+def copy_holder(partition: int, world: int, node_ranks: int) -> int:
+    """The place that holds a copy of ``partition``'s optimizer state in a ZeRO generation.
+
+    Place ``i`` of a generation of ``world`` ranks owns partition ``i``; its copy is held by the
+    same place on the next node (``node_ranks`` on), or by the next rank when one node holds
+    every rank.
+    """
+    offset = node_ranks if world > node_ranks else 1
+    return (partition + offset) % world
+
+
+def zero_node_ranks(store: Any) -> int | None:
+    """The ranks of a node in ``store``'s run if it is a ZeRO run (else ``None``)."""
+    return int(store.get(ZERO_NODE_RANKS)) if store.check([ZERO_NODE_RANKS]) else None
+
+
+def partitions_lost(plan: list[int], lost: set[int], node_ranks: int) -> list[int]:
+    """The optimizer partitions cut for ``plan`` whose owner and copy are both in ``lost``."""
+    world = len(plan)
+    holders = [(plan[k], plan[copy_holder(k, world, node_ranks)]) for k in range(world)]
+    return [k for k, (owner, copy) in enumerate(holders) if owner in lost and copy in lost]
+
+
+def zero_plans(store: Any) -> list[list[int]]:
+    """The plans a ZeRO run's ranks may hold their partitions for (before the last cut, now)."""
+    return list(json.loads(store.get(ZERO_PLANS))) if store.check([ZERO_PLANS]) else []
 
 
 def latest(store: Any, known: int) -> int:

@@ -23,9 +23,12 @@ from sparktrain.contract.inplace import (
     keep_whole,
     latest,
     members,
+    partitions_lost,
     post,
     replica_groups,
     replica_size,
+    zero_node_ranks,
+    zero_plans,
 )
 from sparktrain.driver.monitor import Monitor, say
 from sparktrain.driver.results import Outcome, Rescale
@@ -99,6 +102,7 @@ class Generations:
         # generation then (a rank let in again has a later generation under joined/<rank>)
         self.joining: dict[tuple[int, ...], tuple[str, int]] = {}
         self.partners: dict[tuple[int, ...], tuple[int, ...]] = {}  # noticed -> dropped with them
+        self.lost: set[int] = set()  # every rank lost in this attempt
 
     def lose(self, ranks: set[int], detail: str) -> bool:
         """The group's ``ranks`` are gone: name the others as the next generation.
@@ -117,6 +121,27 @@ class Generations:
             return True
         size = replica_size(self.store)
         survivors, dropped = keep_whole(group, ranks, size)
+        node_ranks = zero_node_ranks(self.store)
+        self.lost |= ranks
+        orphaned = sorted(  # the ranks may hold partitions of a plan some generations back
+            {
+                k
+                for plan in [group, *zero_plans(self.store)]
+                for k in partitions_lost(plan, self.lost, node_ranks or 1)
+            }
+            if node_ranks
+            else set()
+        )
+        if survivors and orphaned:
+            say(
+                f"sparktrain: elastic: {detail}; optimizer partition(s) {orphaned} of "
+                f"{len(group)} lost their owner and their copy (ranks {sorted(ranks)} held "
+                "them), so no live copy of the optimizer state is left: the run goes back to its "
+                "restart path (its newest checkpoint, read from the survivors' memory where they "
+                "hold it, else from storage)",
+                self.monitor,
+            )
+            return False
         if not survivors:
             if size > 1:
                 say(
@@ -130,7 +155,9 @@ class Generations:
         self.generation += 1
         self.store.set(members(self.generation), json.dumps(survivors))
         self.store.set(abort(self.generation - 1), "1")  # wakes a rank still in a collective
-        outcome: Outcome = "dropped group" if size > 1 else "kept"  # sharded: a group goes
+        outcome: Outcome = (  # sharded: a group goes; ZeRO: the partitions are cut anew
+            "dropped group" if size > 1 else "redivided" if node_ranks else "kept"
+        )
         if dropped:
             detail += (
                 f"; replica group(s) with rank(s) {sorted(ranks & set(group))} dropped whole, "
@@ -161,7 +188,13 @@ class Generations:
             if partners:
                 detail += f"; rank(s) {list(partners)} of its replica group(s) wait to join again"
                 self.join(partners, f"rank(s) {list(partners)} of a replica group, healed")
-            outcome: Outcome = "dropped group" if replica_size(self.store) > 1 else "kept"
+            outcome: Outcome = (
+                "dropped group"
+                if replica_size(self.store) > 1
+                else "redivided"
+                if zero_node_ranks(self.store)
+                else "kept"
+            )
             left = self.world - len(ranks) - len(partners)
             self._note("preempted", detail, self.world, left, outcome)
 

@@ -42,7 +42,7 @@ class GrowingBack:
 
 
 #: What an elastic rescale kept and what it reloaded (see :attr:`Rescale.outcome`).
-Outcome = Literal["kept", "dropped group", "healed", "restarted"]
+Outcome = Literal["kept", "dropped group", "redivided", "healed", "restarted"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,8 @@ class Rescale:
         outcome: What the run kept and what it reloaded: ``"kept"`` (in place, every
             survivor kept its state), ``"dropped group"`` (in place, sharded: the replica
             groups that lost a rank were dropped whole, the others kept their shards),
+            ``"redivided"`` (in place, ZeRO: every survivor kept the parameters, and the
+            optimizer partitions were divided anew, the lost ones from their live copies),
             ``"healed"`` (in place: the joiners healed from a live replica) or
             ``"restarted"`` (every rank started again from the newest checkpoint: the restart
             path, or a sharded run with no whole replica group left).
@@ -92,8 +94,11 @@ class Rescale:
                 f"{self.old_world_size}): the joiners healed from a live replica, no restart, "
                 "no checkpoint read"
             )
-        dropped = self.outcome == "dropped group"
-        kept = "the whole groups kept their shards" if dropped else "no restart"
+        kept = {
+            "dropped group": "the whole groups kept their shards",
+            "redivided": "the parameters kept, the optimizer partitions divided anew (the lost "
+            "ones from their live copies)",
+        }.get(self.outcome, "no restart")
         lost = "the step in flight" if self.cause == "lost" else "no step"
         return (
             f"sparktrain: elastic: {what}; the {size} left go on in place (was "

@@ -82,6 +82,7 @@ def in_place(
     *,
     mesh: Any = None,
     replicas: int | None = None,
+    zero: int | None = None,
 ) -> Any:
     """This rank's in-place elastic loop (``launch(..., min_processes=..., in_place=True)``).
 
@@ -105,17 +106,27 @@ def in_place(
     ``optimizer`` is then a torch optimizer made over the plain model (its class and settings
     are kept; one parameter group, no state yet) or a function that makes one from parameters.
 
+    With ``zero=1`` or ``zero=2`` every rank keeps the whole model and the optimizer state is
+    partitioned over the ranks (ZeRO stage 1; stage 2 also reduce-scatters the gradients), each
+    partition with a copy on another node: the loop is a
+    :class:`sparktrain.rank.inplace_zero.ZeroInPlace`, whose optimizer (``run.optimizer``) is
+    made again over the partitions as with ``replicas``. A loss re-divides the lost partitions
+    from their copies, in place; ZeRO-3 (the parameters partitioned too) is ``replicas=``.
+
     Raises:
-        ConfigError: Both ``mesh`` and ``replicas``; an optimizer that cannot be made again.
+        ConfigError: Two of ``mesh``, ``replicas`` and ``zero``; a ``zero`` other than 1 or 2;
+            an optimizer that cannot be made again.
     """
     from sparktrain.rank.replicas import in_place_store
 
+    if sum(x is not None for x in (mesh, replicas, zero)) > 1:
+        raise ConfigError(
+            "sparktrain.elastic.in_place(...): pass one of mesh= (a model you sharded "
+            "yourself), replicas= (HSDP: have it sharded here) and zero= (ZeRO-1/2)."
+        )
+    if zero is not None:
+        return _zero(model, optimizer, make_data, zero)
     if replicas is not None:
-        if mesh is not None:
-            raise ConfigError(
-                "sparktrain.elastic.in_place(..., mesh=..., replicas=...): pass one of them: "
-                "mesh= for a model you sharded yourself, replicas= to have it sharded here."
-            )
         mesh, optimizer = _sharded_here(model, optimizer, replicas)
     if mesh is not None:
         from sparktrain.rank.inplace_sharded import ShardedInPlace
@@ -134,6 +145,37 @@ def in_place(
     )
 
 
+def _zero(model: Any, optimizer: Any, make_data: Callable[[int, int], Any], zero: object) -> Any:
+    """``in_place(..., zero=)``: the ZeRO-1/2 loop, or a clear error for another stage."""
+    from sparktrain.rank.inplace_zero import ZeroInPlace
+
+    if zero == 3:
+        raise ConfigError(
+            "sparktrain.elastic.in_place(..., zero=3): ZeRO-3 partitions the parameters too, with "
+            "no copy of a partition on another rank, so a lost rank's parameters exist only in a "
+            "checkpoint. Keep a sharded model in place with replicas= (HSDP: FSDP2 shards inside "
+            "replica groups), or leave in_place out (the restart path)."
+        )
+    if isinstance(zero, bool) or zero not in (1, 2):
+        raise ConfigError(
+            f"sparktrain.elastic.in_place(..., zero={zero!r}): zero is the ZeRO stage, 1 (the "
+            "optimizer state partitioned) or 2 (the gradients reduce-scattered too)."
+        )
+    from sparktrain.rank.replicas import in_place_store
+
+    make_optimizer = _optimizer_maker(optimizer, "zero")  # checked before anything forms
+    return ZeroInPlace(
+        model,
+        make_optimizer,
+        make_data,
+        stage=int(zero),
+        store=in_place_store(),
+        me=env.contract_rank(),
+        node_ranks=env.contract_int("LOCAL_WORLD_SIZE", 1),
+        joining=env.in_place_joining(),
+    )
+
+
 def _sharded_here(model: Any, optimizer: Any, replicas: int) -> tuple[Any, Any]:
     """``in_place(..., replicas=)``: the mesh, the model sharded over it, the optimizer again."""
     import torch
@@ -141,31 +183,35 @@ def _sharded_here(model: Any, optimizer: Any, replicas: int) -> tuple[Any, Any]:
     from sparktrain.strategies.fsdp import shard
     from sparktrain.strategies.options import Sharding
 
-    remade = _optimizer_maker(optimizer)
+    remade = _optimizer_maker(optimizer, "replicas")
     made = mesh(replicas)
     shard(model, torch.device("cpu"), made, precision=None, sharding=Sharding())
     return made, remade(model.parameters())
 
 
-def _optimizer_maker(optimizer: Any) -> Callable[[Any], Any]:
-    """How to make ``optimizer`` again over other parameters (checked before anything forms)."""
+def _optimizer_maker(optimizer: Any, option: str) -> Callable[[Any], Any]:
+    """How to make ``optimizer`` again over other parameters (checked before anything forms).
+
+    ``option`` is the ``in_place`` argument that asks for it, as errors name it.
+    """
     import torch
 
     if not isinstance(optimizer, torch.optim.Optimizer):
         if callable(optimizer):
             return optimizer  # type: ignore[no-any-return]
         raise ConfigError(
-            f"sparktrain.elastic.in_place(..., replicas=...): optimizer={optimizer!r} is neither "
+            f"sparktrain.elastic.in_place(..., {option}=...): optimizer={optimizer!r} is neither "
             "a torch optimizer nor a function that makes one from parameters, such as "
             "lambda params: torch.optim.AdamW(params, lr=1e-3)."
         )
     kind = type(optimizer).__name__
+    over = "partitions" if option == "zero" else "sharded parameters"
     if len(optimizer.param_groups) != 1 or optimizer.state:
         raise ConfigError(
-            f"sparktrain.elastic.in_place(..., replicas=...): the {kind} has "
+            f"sparktrain.elastic.in_place(..., {option}=...): the {kind} has "
             f"{len(optimizer.param_groups)} parameter groups"
             + (" and a state already" if optimizer.state else "")
-            + "; it is made again over the sharded parameters from its class and settings, "
+            + f"; it is made again over the {over} from its class and settings, "
             "which keeps one group and no state. Pass a function that makes it from "
             "parameters instead, such as lambda params: torch.optim.AdamW(params, lr=1e-3)."
         )

@@ -51,6 +51,7 @@ from goodput_plan import choose, full_size, goodput, read_in_place, read_restart
 SIDES = {
     "inplace-ddp": "sparktrain in place, DDP",
     "inplace-hsdp": "sparktrain in place, HSDP 2x2",
+    "inplace-zero": "sparktrain in place, ZeRO-1",
     "restart": "sparktrain restart, ckpts",
     "torchrun": "torchrun elastic, DCP ckpts",
     "torchft": "torchft, 4 replica groups",
@@ -148,7 +149,8 @@ def child(side: str, work: Path, args: argparse.Namespace) -> None:
     if in_place:
         replicas = 2 if side == "inplace-hsdp" else 0
         function: Any = goodput_train.train_in_place
-        fargs: tuple[Any, ...] = (data, logs, replicas, args.step_seconds, BATCH)
+        zero = 1 if side == "inplace-zero" else 0
+        fargs: tuple[Any, ...] = (data, logs, replicas, args.step_seconds, BATCH, zero)
     else:
         function = goodput_train.train_restart
         fargs = (data, str(work / "ckpt"), logs, args.step_seconds, BATCH, args.every)

@@ -81,10 +81,11 @@ def logged_steps(  # noqa: PLR0917 - the restart loops' one shape
             yield step
 
 
-def train_in_place(
-    data_dir: str, log_dir: str, replicas: int, step_seconds: float, batch: int
+def train_in_place(  # noqa: PLR0917 - one tuple of arguments from launch
+    data_dir: str, log_dir: str, replicas: int, step_seconds: float, batch: int, zero: int = 0
 ) -> int:
-    """In place: DDP's layout (``replicas=0``) or HSDP (``replicas`` replica groups)."""
+    """In place: DDP's layout (``replicas=0``), HSDP (``replicas`` replica groups) or the
+    optimizer state partitioned (``zero``: the ZeRO stage)."""
     import torch
 
     import sparktrain
@@ -103,7 +104,7 @@ def train_in_place(
     def make_data(rank: int, world: int) -> Any:
         return from_parquet(data_dir, batch_size=batch, seed=3, rank=rank, world_size=world)
 
-    run = sparktrain.elastic.in_place(net, optimizer, make_data, mesh=mesh)
+    run = sparktrain.elastic.in_place(net, optimizer, make_data, mesh=mesh, zero=zero or None)
     with Path(log_dir, f"rank{run.me}-{os.getpid()}.txt").open("a") as out:
         for rows in run.batches():
             loss_of(net, rows["id"]).backward()

@@ -107,8 +107,8 @@ def in_place(
     are kept; one parameter group, no state yet) or a function that makes one from parameters.
 
     With ``zero=1`` or ``zero=2`` every rank keeps the whole model and the optimizer state is
-    partitioned over the ranks (ZeRO stage 1; stage 2 also reduce-scatters the gradients), each
-    partition with a copy on another node: the loop is a
+    partitioned over the ranks (on gloo both stages all-reduce the gradient: its reduce-scatter
+    cannot be left when a peer dies), each partition with a copy on another node: the loop is a
     :class:`sparktrain.rank.inplace_zero.ZeroInPlace`, whose optimizer (``run.optimizer``) is
     made again over the partitions as with ``replicas``. A loss re-divides the lost partitions
     from their copies, in place; ZeRO-3 (the parameters partitioned too) is ``replicas=``.
@@ -159,7 +159,7 @@ def _zero(model: Any, optimizer: Any, make_data: Callable[[int, int], Any], zero
     if isinstance(zero, bool) or zero not in (1, 2):
         raise ConfigError(
             f"sparktrain.elastic.in_place(..., zero={zero!r}): zero is the ZeRO stage, 1 (the "
-            "optimizer state partitioned) or 2 (the gradients reduce-scattered too)."
+            "optimizer state partitioned) or 2 (the gradients too; on gloo it runs as 1)."
         )
     from sparktrain.rank.replicas import in_place_store
 

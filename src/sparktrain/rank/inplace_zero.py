@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sparktrain.contract.inplace import (
+    KIND,
     ZERO_NODE_RANKS,
     ZERO_PLANS,
     abort,
@@ -102,6 +103,7 @@ class ZeroInPlace(Partitions, InPlace):
         self._works: list[Any] = []
         self._ranks = 1
         store.set(ZERO_NODE_RANKS, str(node_ranks))  # the driver checks for lost copies
+        store.set(KIND, "zero")
         if joining:
             post(self.store, {"join": [me]})
             if self._let_in():
@@ -128,6 +130,15 @@ class ZeroInPlace(Partitions, InPlace):
         flat[: self.size] = torch.cat([p.detach().reshape(-1) for p in self.params])
         self._wait(dist.broadcast(flat, 0, async_op=True))
         self._adopt(list(self.members), flat, {})
+        self._sync_rest(0)
+
+    def _sync_rest(self, source: int) -> None:
+        """The model's buffers and frozen parameters from place ``source`` (as DDP starts)."""
+        import torch.distributed as dist
+
+        rest = [*self.model.buffers(), *(p for p in self.model.parameters() if not p.requires_grad)]
+        for tensor in rest:
+            self._wait(dist.broadcast(tensor.detach(), source, async_op=True))
 
     def _form(self) -> None:
         """Form the latest generation's group; a new tail (the partitions stay as they are)."""
@@ -139,13 +150,20 @@ class ZeroInPlace(Partitions, InPlace):
     def _welcome(self, source: int) -> None:
         """Every rank takes place ``source``'s counts and partition plan; cut anew for all."""
         place = self.members.index(self.me)
-        sent = (self.plan, self.steps, self.data_state, self.requests_done)
-        plan, steps, data_state, requests_done = broadcast_object(
+        sent = (self.plan, self.cuts, self.steps, self.data_state, self.requests_done)
+        plan, cuts, steps, data_state, requests_done = broadcast_object(
             self._wait, world(), sent, source, place
         )
+        if not plan:
+            raise NoLiveCopy(
+                f"rank {self.me}: no rank of generation {self.generation} holds the optimizer "
+                "partitions (every survivor was still joining); the run goes back to its checkpoint"
+            )
         self.steps, self.data_state, self.requests_done = steps, data_state, requests_done
         self._requests_seen = self.requests_done
+        self.cuts = cuts  # a joiner counts the cuts as the group does (a recovery compares them)
         self._redivide(plan, list(self.members))
+        self._sync_rest(source)
 
     # -- the loop --------------------------------------------------------------------------------
     def step(self) -> bool:
@@ -190,7 +208,7 @@ class ZeroInPlace(Partitions, InPlace):
         import torch.distributed as dist
 
         for k, part in self.parts.items():
-            part.grad = self._reduced[k].div_(self._ranks)
+            part.grad = self._reduced[k].div(self._ranks)  # a copy: a retry divides once
         self.optimizer.step()
         for part in self.parts.values():
             part.grad = None
@@ -215,11 +233,19 @@ class ZeroInPlace(Partitions, InPlace):
 
     def _part(self, leavers: list[int], joiners: list[int]) -> None:
         """After a committed step: the leavers hand their partitions over and go; joiners come."""
+        import torch
         import torch.distributed as dist
 
         kept = [m for m in self.members if m not in leavers]
+        if not kept:  # no rank would be left to hold the partitions: the notice is not acted on
+            leavers, kept = [], list(self.members)
+            if not joiners:
+                return
         if leavers:  # over this generation's group, the leavers in it: nothing is lost
             self._redivide(self.plan, kept)
+            # the leavers go once every rank holds its new partitions (a rank lost while they
+            # are cut leaves the leavers in the recovery, which they take part in)
+            self._wait(dist.all_reduce(torch.zeros(1), async_op=True))
         dist.destroy_process_group()
         if self.me in leavers:
             self.left = True
@@ -268,6 +294,7 @@ class ZeroInPlace(Partitions, InPlace):
         elif self._pending:  # dropped everywhere: its gradients too
             self.dropped += 1
             self.reduced = self._pending = False
+            self._reduced, self._works = {}, []
             self.gflat.zero_()
         self._welcome(next((i for i, (_, _, cuts) in enumerate(states) if cuts), 0))
         self._reshard = True

@@ -66,8 +66,7 @@ class Partitions:
         for p in self.params:  # the model's parameters become views of the flat vector
             p.data = flat[offset : offset + p.numel()].view_as(p)
             offset += p.numel()
-        if self.plan != plan:
-            self._before = (self.plan, self._states())
+        self._before = (self.plan, self._states())  # until a step proves every rank cut
         self.flat, self.plan, self.cuts = flat, plan, self.cuts + 1
         self.gflat = torch.zeros_like(flat)
         self.views = grad_views(self.params, self.gflat)

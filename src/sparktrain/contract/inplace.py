@@ -15,6 +15,9 @@ ranks each, in order, and a group that lost a rank is dropped whole (its shards 
 Its other ranks wait to join again, as a new group, with a returning node (tickets
 ``join_tickets``, ``ticket/<t>``: ``replica_size`` consecutive tickets form a group).
 
+Each rank says what its run keeps (``in_place_kind``: replicated, sharded or ZeRO) when it
+starts its in-place loop, before its group forms: the driver decides a loss by it.
+
 A ZeRO run (the optimizer state partitioned, one partition a rank) sets ``zero_node_ranks``: the
 ranks of a node, which places each partition's copy on another node (:func:`copy_holder`), and
 ``zero_plans``: the members the partitions were cut for before the last cut and now (JSON).
@@ -30,6 +33,7 @@ FINISHED = "finished"
 REPLICA_SIZE = "replica_size"
 TICKETS = "join_tickets"
 ZERO_NODE_RANKS = "zero_node_ranks"
+KIND = "in_place_kind"  # "replicated", "sharded" or "zero": set by the first rank that starts
 ZERO_PLANS = "zero_plans"
 
 

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
 from sparktrain.contract.inplace import (
+    KIND,
     abort,
     gone,
     joined,
@@ -38,6 +39,12 @@ if TYPE_CHECKING:
     from sparktrain.backends.base import Nodes
 
 _LOCK = threading.Lock()
+NO_RANK_LEFT = "no rank is left"
+#: Where a restart of an in-place run reads its state from, as the driver says it.
+RELOADED = (
+    " (its newest checkpoint, read from the survivors' memory where they hold it, else from "
+    "storage)"
+)
 _RUNNING: list[Nodes] = []
 
 
@@ -111,9 +118,11 @@ class Generations:
         out of the next generation and wait to join again with a returning node.
 
         Returns:
-            ``False`` when no rank of the group would be left, or (sharded) no replica group is
-            whole: the run goes back to its restart path.
+            ``False`` when no rank of the group would be left, (sharded) no replica group is
+            whole, (ZeRO) an optimizer partition lost its owner and its copy, or no rank has
+            started its in-place loop yet: the run goes back to its restart path.
         """
+        self.check_joined()  # a join the group made before this loss is recorded before it
         self.generation = latest(self.store, self.generation)
         group = json.loads(self.store.get(members(self.generation)))
         if not ranks & set(group):  # a joiner lost before it was let in: the group is whole
@@ -123,34 +132,15 @@ class Generations:
         survivors, dropped = keep_whole(group, ranks, size)
         node_ranks = zero_node_ranks(self.store)
         self.lost |= ranks
-        orphaned = sorted(  # the ranks may hold partitions of a plan some generations back
-            {
-                k
-                for plan in [group, *zero_plans(self.store)]
-                for k in partitions_lost(plan, self.lost, node_ranks or 1)
-            }
-            if node_ranks
-            else set()
-        )
-        if survivors and orphaned:
+        why = self._no_live_copy(group, ranks, survivors)
+        if why == NO_RANK_LEFT:  # the restart path says what it does
+            return False
+        if why:
             say(
-                f"sparktrain: elastic: {detail}; optimizer partition(s) {orphaned} of "
-                f"{len(group)} lost their owner and their copy (ranks {sorted(ranks)} held "
-                "them), so no live copy of the optimizer state is left: the run goes back to its "
-                "restart path (its newest checkpoint, read from the survivors' memory where they "
-                "hold it, else from storage)",
+                f"sparktrain: elastic: {detail}; {why}: the run goes back to its restart path"
+                + ("" if why.startswith("no rank has") else RELOADED),
                 self.monitor,
             )
-            return False
-        if not survivors:
-            if size > 1:
-                say(
-                    f"sparktrain: elastic: {detail}; no replica group of {size} ranks is whole "
-                    f"(of {replica_groups(group, size)}), so no live copy of every shard is left: "
-                    "the run goes back to its restart path (its newest checkpoint, read from the "
-                    "survivors' memory where they hold it, else from storage)",
-                    self.monitor,
-                )
             return False
         self.generation += 1
         self.store.set(members(self.generation), json.dumps(survivors))
@@ -166,6 +156,32 @@ class Generations:
             self.join(tuple(dropped), f"rank(s) {dropped} of a dropped replica group, healed")
         self._note("lost", detail, len(group), len(survivors), outcome)
         return True
+
+    def _no_live_copy(self, group: list[int], ranks: set[int], survivors: list[int]) -> str:
+        """Why the survivors of ``ranks``' loss cannot go on in place ("": they can)."""
+        if not self.store.check([KIND]):  # no rank reached its in-place loop yet
+            return (
+                "no rank has started its in-place loop yet (sparktrain.elastic.in_place or "
+                "mesh), so what the survivors keep is not known and nothing has trained"
+            )
+        size, node_ranks = replica_size(self.store), zero_node_ranks(self.store)
+        if not survivors:
+            if size > 1:
+                return (
+                    f"no replica group of {size} ranks is whole (of "
+                    f"{replica_groups(group, size)}), so no live copy of every shard is left"
+                )
+            return NO_RANK_LEFT
+        if node_ranks:  # the ranks may hold partitions of the plan before their last cut
+            plans = [group, *zero_plans(self.store)]
+            lost = sorted({k for p in plans for k in partitions_lost(p, self.lost, node_ranks)})
+            if lost:
+                return (
+                    f"optimizer partition(s) {lost} of {len(group)} lost their owner and their "
+                    f"copy (ranks {sorted(ranks)} held them), so no live copy of the optimizer "
+                    "state is left"
+                )
+        return ""
 
     def leave(self, ranks: tuple[int, ...]) -> None:
         """Ask ``ranks`` to leave at the end of their current step (a notice).

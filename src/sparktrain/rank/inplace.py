@@ -31,6 +31,7 @@ from typing import Any
 
 from sparktrain.contract.inplace import (
     FINISHED,
+    KIND,
     abort,
     gone,
     joined,
@@ -98,6 +99,7 @@ class InPlace:
         self.model, self.optimizer, self.make_data = model, optimizer, make_data
         self.store, self.me, self.timeout = store, me, timeout
         self.params = trained_params(model)
+        store.set(KIND, "replicated")  # the driver decides a loss by it
         self.generation = 0
         self.members: list[int] = []
         self.steps = 0  # committed

@@ -24,6 +24,7 @@ from typing import Any
 from sparktrain.contract import env
 from sparktrain.contract.inplace import (
     FINISHED,
+    KIND,
     REPLICA_SIZE,
     TICKETS,
     abort,
@@ -37,6 +38,8 @@ from sparktrain.rank import process_groups
 
 #: How often a waiting joiner looks at the store (seconds).
 POLL_SECONDS = 0.05
+#: How long a replica group's members wait for each other before forming it (seconds).
+ARRIVAL_SECONDS = 60.0
 #: How many times a rank may join again in one run (a bound, not a goal: a loop of failures
 #: that each look like a lost peer ends as a failure).
 MAX_REJOINS = 50
@@ -149,6 +152,27 @@ def _tickets(store: Any, me: int, size: int) -> tuple[list[int], int, str] | Non
     return [int(store.get(k)) for k in keys], ticket - first, f"shard/join/{first}"
 
 
+def _arrive(store: Any, tag: str, group: list[int], me: int) -> None:
+    """Wait for the group's members before its ``init_process_group``.
+
+    That call would wait for a lost member until its timeout; here :class:`Dropped` comes at once
+    when the driver names a generation without one of them (a node lost while the ranks start).
+    """
+    store.set(f"{tag}/arrived/{me}", "1")
+    keys = [f"{tag}/arrived/{m}" for m in group]
+    deadline = time.monotonic() + ARRIVAL_SECONDS
+    while not store.check(keys) and time.monotonic() < deadline:  # then the group's own wait
+        if _left_out(store, group):
+            raise Dropped(f"a member of replica group {group} was lost before the group formed")
+        time.sleep(POLL_SECONDS)
+
+
+def _left_out(store: Any, group: list[int]) -> bool:
+    """Whether the latest generation (after the first) lacks a member of ``group``."""
+    newest = latest(store, 0)
+    return newest > 0 and not set(group) <= set(json.loads(store.get(members(newest))))
+
+
 def mesh(replicas: int, *, timeout: float = 30.0) -> Any:
     """Form this rank's replica group and return its device mesh (see :func:`in_place`)."""
     global _ACTIVE  # noqa: PLW0603 - the rank's one sharded run
@@ -170,6 +194,7 @@ def mesh(replicas: int, *, timeout: float = 30.0) -> Any:
         first = json.loads(store.get(members(0)))
         size = group_size(replicas, len(first), env.target_world_size() or len(first))
         store.set(REPLICA_SIZE, str(size))
+        store.set(KIND, "sharded")  # the driver drops whole groups from now on
         place = first.index(me)
         group = replica_groups(first, size)[place // size]
         index, tag = place % size, f"shard/0/{place // size}"
@@ -184,6 +209,8 @@ def mesh(replicas: int, *, timeout: float = 30.0) -> Any:
     process_groups.name_from_zero()  # the tag is this group's own: named alike by its ranks
     layout = Layout(store, me, size, index, group, joining, since, finished=finished)
     _ACTIVE = layout  # before the group forms: a member lost meanwhile, rejoin_after decides
+    if not joining:  # a first group: its members are in generation 0
+        _arrive(store, tag, group, me)
     dist.init_process_group(
         "gloo",
         store=dist.PrefixStore(tag, store),  # type: ignore[attr-defined]
@@ -214,9 +241,9 @@ def _dropped(layout: Layout, timeout: float) -> bool:
     """
     run, store = layout.run, layout.store
     if run is None:  # failed in mesh(): its group did not form (a member lost meanwhile)
-        if layout.joining:
+        if layout.joining or _left_out(store, layout.group):
             return True  # a joiner is in no generation yet: it takes a new ticket
-        generation = layout.since  # the others' collectives are not this rank's to abort
+        generation = latest(store, layout.since)  # others' collectives are not its to abort
     else:
         generation = run.generation
         store.set(abort(generation), "1")

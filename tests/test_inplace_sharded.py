@@ -33,11 +33,12 @@ def _model() -> Any:
 
 def _hsdp_train(  # noqa: PLR0917 - one tuple of arguments from launch
     data_dir: str, log_dir: str, replicas: int, step_seconds: float, starts: int,
-    build: bool = False, zero: int = 0,
+    build: bool = False, zero: int = 0, hold: str = "",
 ) -> Any:  # fmt: skip
     """One rank: FSDP2 inside its replica group, in place across groups; logs as described.
     ``build``: ``in_place(..., replicas=)`` shards the plain model and makes the optimizer.
-    ``zero``: the whole model, its optimizer state partitioned instead (ZeRO in place)."""
+    ``zero``: the whole model, its optimizer state partitioned instead (ZeRO in place).
+    ``hold``: ranks 0 and 1 wait for that file to exist before they form their group."""
     import torch
     from torch.distributed.fsdp import fully_shard
 
@@ -48,6 +49,11 @@ def _hsdp_train(  # noqa: PLR0917 - one tuple of arguments from launch
         return from_parquet(data_dir, batch_size=BATCH, shuffle=False, rank=rank, world_size=world)
 
     Path(log_dir, f"started-{os.getpid()}-{time.time_ns()}").touch()
+    held = time.monotonic() + 60
+    while hold and os.environ["RANK"] in "01" and not os.path.exists(hold):
+        if time.monotonic() > held:
+            break
+        time.sleep(0.02)
     model = _model()
     if zero:
         optimizer = torch.optim.AdamW(model.parameters(), lr=0.02)
@@ -110,7 +116,7 @@ def _launch(
     return launch(
         _hsdp_train,
         (str(tmp_path / "data"), str(tmp_path / "logs"), replicas, kw.get("step_seconds", 0.1),
-         kw.get("starts", 0), kw.get("build", False)),
+         kw.get("starts", 0), kw.get("build", False), 0, kw.get("hold", "")),
         num_processes=ranks,
         backend=cluster,
         min_processes=1,
@@ -427,3 +433,50 @@ def test_in_place_replicas_refuses_what_it_cannot_shard_or_make_again() -> None:
         sparktrain.elastic.in_place(model, two, lambda r, w: [], replicas=2)
     with pytest.raises(ConfigError, match="optimizer=3 is neither"):
         sparktrain.elastic.in_place(model, 3, lambda r, w: [], replicas=2)
+
+
+@pytest.mark.parametrize("when", ["launch", "forming"])
+def test_a_node_lost_while_the_ranks_start_is_no_training_error(
+    tmp_path: Path, when: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """HSDP 2x2 on 4 nodes of 1 rank. ``launch``: node 1 is killed at once (the run starts short,
+    or no rank has reached its in-place loop: the restart path, said so). ``forming``: ranks 0
+    and 1 hold before their group forms while group [2, 3] forms and declares the run sharded;
+    node 1 is killed, the driver drops group [0, 1], and only then does rank 0 go on to form
+    it: it must leave at once and join again (it used to wait 30 s in init_process_group for
+    rank 1 and fail the run). Either way the run ends, no rank fails."""
+    import threading
+
+    from sparktrain import LocalCluster
+
+    _table(tmp_path)
+    cluster = LocalCluster(nodes=4)
+    logs, go = tmp_path / "logs", tmp_path / "go"
+
+    def strike() -> None:
+        deadline = time.monotonic() + 120
+        while when == "forming" and len(list(logs.glob("started-*"))) < 4:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.01)
+        time.sleep(2.0 if when == "forming" else 0.0)  # group [2, 3] says what the run keeps
+        cluster.kill_node(1)
+        time.sleep(5.0)  # the driver names the next generation without group [0, 1]
+        go.touch()
+
+    striker = threading.Thread(target=strike, daemon=True)
+    striker.start()
+    result = _launch(tmp_path, cluster, 4, 2, None, step_seconds=0.02, hold=str(go))
+    striker.join(timeout=10)
+    err = capfd.readouterr().err
+    if not result.rescales:  # killed before the nodes were placed: the run started short
+        assert when == "launch" and "starting on 3 ranks" in err, err[-2000:]
+    else:
+        first = result.rescales[0]
+        assert first.cause == "lost" and first.outcome in ("restarted", "dropped group"), first
+        if first.outcome == "restarted" and "fewer than" not in err:
+            assert "no rank has started its in-place loop yet" in err, err[-2000:]
+    if when == "forming":
+        assert result.attempts == 1 and first.outcome == "dropped group", err[-2000:]
+        assert "rank 0: its replica group [0, 1] was dropped" in err
+    assert cluster.node_pids() == {}

@@ -111,6 +111,35 @@ def test_a_returning_node_takes_its_partitions_from_the_live_ranks(tmp_path: Pat
     assert cluster.node_pids() == {}
 
 
+def test_a_node_lost_just_after_a_join_is_kept_in_place(tmp_path: Path) -> None:
+    """ZeRO-1 on 3 nodes: node 1 is killed and a node returns; as soon as rank 0 reports the
+    joiner in (the step the join ended, before a step of the new partitions commits), node 2
+    is killed too. The joiner counts its cuts as the group does, so the survivors agree on the
+    partitions they hold: rank 0 and the joiner go on in place and end equal to a replay."""
+    from sparktrain import LocalCluster
+
+    cluster = LocalCluster(nodes=3)
+    struck: list[str] = []
+
+    def on_report(rank: int, record: dict) -> None:
+        if rank == 0 and record.get("step") == 3 and not struck:
+            struck.append("first")
+            cluster.kill_node(1)
+            cluster.add_node()
+        elif rank == 0 and struck == ["first"] and record["metrics"].get("world") == 3:
+            struck.append("second")
+            cluster.kill_node(2)
+
+    result = _launch(tmp_path, cluster, 3, 1, on_report, starts=4, step_seconds=0.2)
+    assert struck == ["first", "second"] and result.attempts == 1 and result.world_size == 2
+    outcomes = [(r.cause, r.outcome) for r in result.rescales]
+    assert outcomes == [("lost", "redivided"), ("grew", "healed"), ("lost", "redivided")]
+    finishers = [e for e in _ends(tmp_path).values() if e["world"] == 2]
+    assert sorted(f["me"] for f in finishers) == [0, 3]
+    _assert_like_one_process(tmp_path / "logs", finishers, padded=3 * 2)
+    assert cluster.node_pids() == {}
+
+
 def test_a_partition_with_no_live_copy_goes_back_to_the_restart_path(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -173,3 +202,31 @@ def test_in_place_zero_refuses_what_it_cannot_keep_in_place() -> None:
         sparktrain.elastic.in_place(model, adamw, lambda r, w: [], zero=1, replicas=2)
     with pytest.raises(ConfigError, match=r"zero=\.\.\.\): optimizer=3 is neither"):
         sparktrain.elastic.in_place(model, 3, lambda r, w: [], zero=1)
+
+
+def _buffers_train() -> list[float]:
+    """A model whose buffer and frozen weight start different on each rank."""
+    import os
+
+    import torch
+
+    import sparktrain
+
+    model = torch.nn.Linear(2, 1)
+    rank = float(os.environ["RANK"])
+    model.register_buffer("seen", torch.full((2,), rank))
+    frozen = torch.nn.Parameter(torch.full((3,), rank), requires_grad=False)
+    model.register_parameter("frozen", frozen)
+    run = sparktrain.elastic.in_place(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                      lambda r, w: [], zero=1)  # fmt: skip
+    return [*model.seen.tolist(), *model.frozen.tolist(), float(run.world_size)]
+
+
+def test_buffers_and_frozen_parameters_start_from_rank_0() -> None:
+    """As DDP does, every rank starts from rank 0's buffers and frozen parameters (they are not
+    in the partitions: a rank's own would silently differ)."""
+    from sparktrain import LocalCluster, launch
+
+    result = launch(_buffers_train, num_processes=2, backend=LocalCluster(nodes=2),
+                    min_processes=1, in_place=True, progress=False, return_all=True)  # fmt: skip
+    assert result.return_values == {0: [0.0] * 5 + [2.0], 1: [0.0] * 5 + [2.0]}

@@ -160,7 +160,7 @@ def child(side: str, work: Path, args: argparse.Namespace) -> None:
     try:
         result = launch(
             function, fargs, num_processes=WORLD, backend=cluster,
-            min_processes=2 if side == "inplace-hsdp" else 1, grow_back=True, in_place=in_place,
+            min_processes=1, grow_back=True, in_place=in_place,
             max_rescales=100_000, progress=False, log_ranks=[], timeout=args.limit,
         )  # fmt: skip
     finally:

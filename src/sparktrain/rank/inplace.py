@@ -307,13 +307,15 @@ class InPlace:
                     raise
         return self._recover()
 
-    def _commit_step(self, flags: list[float]) -> None:
+    def _commit_step(self, flags: list[float] | None) -> None:
         self.grads.div_(self.world_size)
         self.optimizer.step()
         self.flat.zero_()
         self.steps += 1
         if self.data is not None:
             self.data_state = self.data.state_dict()
+        if flags is None:  # a step committed in a recovery: its requests are the group's
+            return
         leavers, joiners = self._requests(flags)
         if leavers or joiners:
             self._part(leavers, joiners)
@@ -352,6 +354,18 @@ class InPlace:
         if joiners:
             self._heal(0)
         self._reshard = True
+
+    def _catch_up(self, top: int) -> bool:
+        """Commit from its held gradients the step a peer committed (``top``): ``True`` if so."""
+        if self.steps >= top:
+            return False
+        if not getattr(self, "reduced", False):
+            raise RuntimeError(
+                f"rank {self.me}: a peer committed step {top} but this rank holds no reduced "
+                "gradients for it; the run cannot agree on its state in place"
+            )
+        self._commit_step(None)
+        return True
 
     def _next_generation(self, kept: list[int], joiners: list[int]) -> None:
         """Name and form the generation of ``kept`` and ``joiners`` (each member names it alike)."""

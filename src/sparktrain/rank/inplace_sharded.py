@@ -270,16 +270,8 @@ class ShardedInPlace(InPlace):
             raise Dropped(f"a peer of rank {self.me}'s replica group was lost")
         # every member wrote its state before it arrived in the generation it forms
         top = max(json.loads(self.store.get(f"state/{old}/{m}"))[0] for m in self.members)
-        committed = False
-        if self.steps < top:  # a peer committed: every rank reduced the step; commit it here
-            if not self.reduced:
-                raise RuntimeError(
-                    f"rank {self.me}: a peer committed step {top} but this rank holds no reduced "
-                    "gradients for it; the run cannot agree on its state in place"
-                )
-            self._commit_step(None)
-            committed = True
-        else:  # dropped everywhere: its gradients too (the next backward would add to them)
+        committed = self._catch_up(top)  # a peer committed: every rank reduced the step
+        if not committed:  # dropped everywhere: its gradients too (a backward adds to them)
             self.reduced = False
             self.optimizer.zero_grad(set_to_none=True)
             self.dropped += 1

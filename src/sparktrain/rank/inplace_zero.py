@@ -282,16 +282,8 @@ class ZeroInPlace(Partitions, InPlace):
         if self.cuts > agreed and self._before is not None:  # a peer did not finish cutting
             self._roll_back()
         top = max((steps for steps, _, cuts in states if cuts), default=self.steps)
-        committed = False
-        if self.plan and self.steps < top:  # a peer committed: every rank reduced the step
-            if not self.reduced:
-                raise RuntimeError(
-                    f"rank {self.me}: a peer committed step {top} but this rank holds no reduced "
-                    "gradients for it; the run cannot agree on its state in place"
-                )
-            self._commit_step(None)
-            committed = True
-        elif self._pending:  # dropped everywhere: its gradients too
+        committed = bool(self.plan) and self._catch_up(top)
+        if not committed and self._pending:  # dropped everywhere: its gradients too
             self.dropped += 1
             self.reduced = self._pending = False
             self._reduced, self._works = {}, []

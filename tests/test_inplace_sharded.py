@@ -33,12 +33,14 @@ def _model() -> Any:
 
 def _hsdp_train(  # noqa: PLR0917 - one tuple of arguments from launch
     data_dir: str, log_dir: str, replicas: int, step_seconds: float, starts: int,
-    build: bool = False, zero: int = 0, hold: str = "",
+    build: bool = False, zero: int = 0, hold: str = "", ckpt: str = "",
 ) -> Any:  # fmt: skip
     """One rank: FSDP2 inside its replica group, in place across groups; logs as described.
     ``build``: ``in_place(..., replicas=)`` shards the plain model and makes the optimizer.
     ``zero``: the whole model, its optimizer state partitioned instead (ZeRO in place).
-    ``hold``: ranks 0 and 1 wait for that file to exist before they form their group."""
+    ``hold``: ranks 0 and 1 wait for that file to exist before they form their group.
+    ``ckpt``: the in-place checkpoint's folder (every 2 steps). A generation is logged as
+    ``1000 * attempt + generation`` (a restart's generations count from 0 again)."""
     import torch
     from torch.distributed.fsdp import fully_shard
 
@@ -55,9 +57,10 @@ def _hsdp_train(  # noqa: PLR0917 - one tuple of arguments from launch
             break
         time.sleep(0.02)
     model = _model()
+    kept = {"checkpoint_dir": ckpt, "checkpoint_every": 2} if ckpt else {}
     if zero:
         optimizer = torch.optim.AdamW(model.parameters(), lr=0.02)
-        run = sparktrain.elastic.in_place(model, optimizer, make_data, zero=zero)
+        run = sparktrain.elastic.in_place(model, optimizer, make_data, zero=zero, **kept)
     elif build:
         optimizer = torch.optim.AdamW(model.parameters(), lr=0.02)
         run = sparktrain.elastic.in_place(model, optimizer, make_data, replicas=replicas)
@@ -67,13 +70,14 @@ def _hsdp_train(  # noqa: PLR0917 - one tuple of arguments from launch
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
         optimizer = torch.optim.AdamW(model.parameters(), lr=0.02)
-        run = sparktrain.elastic.in_place(model, optimizer, make_data, mesh=mesh)
+        run = sparktrain.elastic.in_place(model, optimizer, make_data, mesh=mesh, **kept)
+    attempt = 1000 * sparktrain.restart_count()
     with open(Path(log_dir, f"rank{run.me}.txt"), "a") as out:
         for batch in run.batches():
             x = batch["x"][:, None]
             loss = ((model(x) - 2 * x) ** 2).mean()
             loss.backward()
-            step, generation = run.steps + 1, run.generation
+            step, generation = run.steps + 1, attempt + run.generation
             ids = " ".join(str(int(i)) for i in batch["id"])
             out.write(f"P {step} {generation} {ids}\n")
             out.flush()
@@ -116,7 +120,7 @@ def _launch(
     return launch(
         _hsdp_train,
         (str(tmp_path / "data"), str(tmp_path / "logs"), replicas, kw.get("step_seconds", 0.1),
-         kw.get("starts", 0), kw.get("build", False), 0, kw.get("hold", "")),
+         kw.get("starts", 0), kw.get("build", False), 0, kw.get("hold", ""), kw.get("ckpt", "")),
         num_processes=ranks,
         backend=cluster,
         min_processes=1,
@@ -134,10 +138,13 @@ def _committed_steps(logs: Path) -> dict[int, list[list[int]]]:
     for path in logs.glob("rank*.txt"):
         for line in path.read_text().splitlines():
             kind, step, generation, *rest = line.split()
+            key = (int(step), int(generation))
             if kind == "P":
-                pending.setdefault((int(step), int(generation)), []).append([int(i) for i in rest])
-            else:
-                assert committed.setdefault(int(step), int(generation)) == int(generation), line
+                pending.setdefault(key, []).append([int(i) for i in rest])
+                continue
+            before = committed.setdefault(*key)  # one generation an attempt; a later attempt's
+            assert before == key[1] or before // 1000 != key[1] // 1000, line  # commit (after a
+            committed[key[0]] = max(before, key[1])  # restart) replaces an earlier attempt's
     return {step: pending[(step, generation)] for step, generation in committed.items()}
 
 

@@ -28,7 +28,7 @@ def _launch(tmp_path: Path, cluster: Any, ranks: int, zero: int, on_report: Any,
     return launch(
         _hsdp_train,
         (str(tmp_path / "data"), str(tmp_path / "logs"), 1, kw.get("step_seconds", 0.1),
-         kw.get("starts", 0), False, zero),
+         kw.get("starts", 0), False, zero, "", kw.get("ckpt", "")),
         num_processes=ranks,
         backend=cluster,
         min_processes=1,
@@ -140,29 +140,38 @@ def test_a_node_lost_just_after_a_join_is_kept_in_place(tmp_path: Path) -> None:
     assert cluster.node_pids() == {}
 
 
-def test_a_partition_with_no_live_copy_goes_back_to_the_restart_path(
+def test_a_partition_with_no_live_copy_resumes_from_the_loops_checkpoint(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """3 nodes of 1 rank lose nodes 1 and 2 at once: optimizer partition 1 (owner rank 1, its
     copy on rank 2) has no live copy, so the run goes back to its restart path (its second
     attempt, 1 rank) and says why. The driver checks the plan the ranks may still hold too: the
-    second kill seen a moment after the first is still no in-place loss."""
+    second kill seen a moment after the first is still no in-place loss. The restart resumes
+    from the loop's checkpoint (every 2 steps, each rank its own partition): its weights and
+    optimizer state, the step count and the data's position, so that the rank ends equal to a
+    one-process replay of the committed lineage, every row once."""
     from sparktrain import LocalCluster
 
     cluster = LocalCluster(nodes=3)
     struck: list[float] = []
 
     def on_report(rank: int, record: dict) -> None:
-        if rank == 0 and record.get("step") == 3 and not struck:
+        if rank == 0 and record.get("step") == 5 and not struck:
             struck.append(time.time())
             cluster.kill_node(1)
             cluster.kill_node(2)
 
-    result = _launch(tmp_path, cluster, 3, 2, on_report)
+    result = _launch(tmp_path, cluster, 3, 2, on_report, ckpt=str(tmp_path / "ckpt"))
     assert struck and result.attempts == 2 and result.world_size == 1
-    assert [(r.in_place, r.outcome) for r in result.rescales][-1] == (False, "restarted")
+    restart = result.rescales[-1]
+    assert (restart.in_place, restart.outcome) == (False, "restarted")
+    assert restart.resumed_step in (2, 4), restart
     err = capfd.readouterr().err
     assert "lost their owner and their copy" in err and "restart path" in err
+    assert f"checkpoint step {restart.resumed_step} loaded from" in err
+    ends = _ends(tmp_path)
+    assert ends[0]["world"] == 1
+    _assert_like_one_process(tmp_path / "logs", [ends[0]], padded=2)
     assert cluster.node_pids() == {}
 
 

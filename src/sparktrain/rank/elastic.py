@@ -11,6 +11,7 @@ scale the learning rate instead passes ``on_rescale`` to
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -83,6 +84,8 @@ def in_place(
     mesh: Any = None,
     replicas: int | None = None,
     zero: int | None = None,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    checkpoint_every: int = 100,
 ) -> Any:
     """This rank's in-place elastic loop (``launch(..., min_processes=..., in_place=True)``).
 
@@ -113,10 +116,20 @@ def in_place(
     made again over the partitions as with ``replicas``. A loss re-divides the lost partitions
     from their copies, in place; ZeRO-3 (the parameters partitioned too) is ``replicas=``.
 
+    With ``checkpoint_dir``, the loop also saves its state there every ``checkpoint_every``
+    committed steps (asynchronously; an HSDP run from its first replica group, a ZeRO run
+    each rank its own partition) and, on the
+    restart path (a loss that left no live copy of some state), loads the newest one before
+    its first step: weights, optimizer state, step count and data position, from the
+    survivors' memory where they hold it, else from storage. Without it such a restart trains
+    from the start. See :mod:`sparktrain.rank.inplace_keep`.
+
     Raises:
         ConfigError: Two of ``mesh``, ``replicas`` and ``zero``; a ``zero`` other than 1 or 2;
-            an optimizer that cannot be made again.
+            an optimizer that cannot be made again; a bad ``checkpoint_dir`` or
+            ``checkpoint_every``.
     """
+    from sparktrain.rank.inplace_keep import Keeper
     from sparktrain.rank.replicas import in_place_store
 
     if sum(x is not None for x in (mesh, replicas, zero)) > 1:
@@ -124,25 +137,31 @@ def in_place(
             "sparktrain.elastic.in_place(...): pass one of mesh= (a model you sharded "
             "yourself), replicas= (HSDP: have it sharded here) and zero= (ZeRO-1/2)."
         )
+    keeper = None if checkpoint_dir is None else Keeper(checkpoint_dir, checkpoint_every)
     if zero is not None:
-        return _zero(model, optimizer, make_data, zero)
-    if replicas is not None:
-        mesh, optimizer = _sharded_here(model, optimizer, replicas)
-    if mesh is not None:
+        run: Any = _zero(model, optimizer, make_data, zero)
+        joining = env.in_place_joining()
+    elif replicas is not None or mesh is not None:
         from sparktrain.rank.inplace_sharded import ShardedInPlace
         from sparktrain.rank.replicas import active
 
-        return ShardedInPlace(model, optimizer, make_data, layout=active(mesh))
-    from sparktrain.rank.inplace import InPlace
+        if replicas is not None:
+            mesh, optimizer = _sharded_here(model, optimizer, replicas)
+        layout = active(mesh)
+        run = ShardedInPlace(model, optimizer, make_data, layout=layout)
+        joining = layout.joining
+    else:
+        from sparktrain.rank.inplace import InPlace
 
-    return InPlace(
-        model,
-        optimizer,
-        make_data,
-        store=in_place_store(),
-        me=env.contract_rank(),
-        joining=env.in_place_joining(),
-    )
+        joining = env.in_place_joining()
+        run = InPlace(
+            model, optimizer, make_data, store=in_place_store(), me=env.contract_rank(),
+            joining=joining,
+        )  # fmt: skip
+    if keeper is not None and not joining and not run.left:
+        keeper.resume(run)  # the attempt's first generation: the restart path's checkpoint
+    run.keeper = keeper
+    return run
 
 
 def _zero(model: Any, optimizer: Any, make_data: Callable[[int, int], Any], zero: object) -> Any:

@@ -84,6 +84,7 @@ class InPlace:
 
     #: Errors of a recovery that end it rather than being tried again.
     FINAL: tuple[type[RuntimeError], ...] = ()
+    keeper: Any = None  #: the run's own checkpoint (``in_place(..., checkpoint_dir=)``)
 
     def __init__(
         self,
@@ -131,11 +132,8 @@ class InPlace:
         _on_sigterm(self.leave)
 
     def _let_in(self, after: int = -1) -> bool:
-        """Wait until the group lets this joiner in (``True``) or the run ends (``False``).
-
-        ``after``: the generation it asked in at (a rank let in once before, and again now, is
-        let in at a later one).
-        """
+        """Wait until the group lets this joiner in (``True``) or the run ends (``False``)."""
+        # after: the generation it asked in at (a rank let in again is let in at a later one)
         key, deadline = joined(self.me), time.monotonic() + MEMBERS_TIMEOUT
         while time.monotonic() < deadline:
             if self.store.check([key]) and int(self.store.get(key)) > after:
@@ -258,7 +256,10 @@ class InPlace:
                 self.data.load_state_dict(self.data_state)
             self._reshard = False
             for batch in self.data:
+                generation = self.generation
                 yield batch
+                if self.keeper is not None and self.generation == generation:  # no resize
+                    self.keeper.after_step(self)
                 if self._reshard or self.left:
                     break
             else:

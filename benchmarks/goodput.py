@@ -150,7 +150,9 @@ def child(side: str, work: Path, args: argparse.Namespace) -> None:
         replicas = 2 if side == "inplace-hsdp" else 0
         function: Any = goodput_train.train_in_place
         zero = 1 if side == "inplace-zero" else 0
-        fargs: tuple[Any, ...] = (data, logs, replicas, args.step_seconds, BATCH, zero)
+        ckpt = str(work / "ckpt") if side == "inplace-hsdp" else ""  # its restart path's
+        fargs: tuple[Any, ...] = (data, logs, replicas, args.step_seconds, BATCH, zero, ckpt,
+                                  args.every)  # fmt: skip
     else:
         function = goodput_train.train_restart
         fargs = (data, str(work / "ckpt"), logs, args.step_seconds, BATCH, args.every)

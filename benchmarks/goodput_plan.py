@@ -11,8 +11,9 @@ The ranks log each step: ``P <step> <generation> <time> <ids>`` before it and ``
 and ``D <step> 0 <time>`` for a step not committed), or ``R <step>`` at an attempt's
 resume and ``C <step> <generation> <time> <world> <ids>`` after each step (the restart path,
 the generation being the attempt). What counts as trained: in place, the batches of the
-generation each step committed in; on the restart path, each attempt's steps up to the step
-the next attempt resumed from.
+generation each step committed in (the latest, where a restart trained a step again: its
+generations are logged after the earlier attempt's); on the restart path, each attempt's steps
+up to the step the next attempt resumed from.
 
 The reader pads (``uneven="pad"``, its default): where what a generation reads of the epoch does
 not divide among its ranks, the last rank's share wraps to the share's start, so a generation
@@ -128,8 +129,8 @@ def read_in_place(logs: Path) -> Trained:
         key = (int(step), int(generation))
         if kind == "P":
             pending.setdefault(key, []).extend(int(i) for i in rest)
-        elif kind == "C":
-            committed[int(step)] = int(generation)
+        elif kind == "C":  # a later attempt's commit (after a restart) replaces an earlier one
+            committed[int(step)] = max(int(generation), committed.get(int(step), -1))
             trained.commit(int(generation), int(step), float(at), int(rest[0]))
     for step, generation in committed.items():
         trained.train(generation, pending.get((step, generation), []))

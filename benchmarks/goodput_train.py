@@ -82,10 +82,13 @@ def logged_steps(  # noqa: PLR0917 - the restart loops' one shape
 
 
 def train_in_place(  # noqa: PLR0917 - one tuple of arguments from launch
-    data_dir: str, log_dir: str, replicas: int, step_seconds: float, batch: int, zero: int = 0
-) -> int:
+    data_dir: str, log_dir: str, replicas: int, step_seconds: float, batch: int, zero: int = 0,
+    ckpt_dir: str = "", every: int = 50,
+) -> int:  # fmt: skip
     """In place: DDP's layout (``replicas=0``), HSDP (``replicas`` replica groups) or the
-    optimizer state partitioned (``zero``: the ZeRO stage)."""
+    optimizer state partitioned (``zero``: the ZeRO stage). ``ckpt_dir``: the in-place
+    checkpoint every ``every`` steps, which a restart (no live copy of a shard) resumes from.
+    A generation is logged as ``1_000_000 * attempt + generation``."""
     import torch
 
     import sparktrain
@@ -104,11 +107,15 @@ def train_in_place(  # noqa: PLR0917 - one tuple of arguments from launch
     def make_data(rank: int, world: int) -> Any:
         return from_parquet(data_dir, batch_size=batch, seed=3, rank=rank, world_size=world)
 
-    run = sparktrain.elastic.in_place(net, optimizer, make_data, mesh=mesh, zero=zero or None)
+    kept = {"checkpoint_dir": ckpt_dir, "checkpoint_every": every} if ckpt_dir else {}
+    run = sparktrain.elastic.in_place(
+        net, optimizer, make_data, mesh=mesh, zero=zero or None, **kept
+    )
+    attempt = 1_000_000 * sparktrain.restart_count()
     with Path(log_dir, f"rank{run.me}-{os.getpid()}.txt").open("a") as out:
         for rows in run.batches():
             loss_of(net, rows["id"]).backward()
-            step, generation = run.steps + 1, run.generation
+            step, generation = run.steps + 1, attempt + run.generation
             ids = " ".join(str(int(i)) for i in rows["id"])
             out.write(f"P {step} {generation} {time.time():.6f} {ids}\n")
             out.flush()

@@ -117,7 +117,11 @@ def child(side: str, work: Path, args: argparse.Namespace) -> None:
     from sparktrain import LocalCluster, launch
 
     seconds = args.minutes * 60 * 3  # losses keep coming while the run lasts
-    faults = schedule(args.seed, seconds, args.mean_between, args.back_after, args.notice_share)
+    faults = (
+        schedule(args.seed, seconds, args.mean_between, args.back_after, args.notice_share)
+        if args.mean_between > 0
+        else []  # the fault-free control (--control)
+    )
     if side == "torchrun":
         import goodput_torchrun
 
@@ -150,7 +154,8 @@ def child(side: str, work: Path, args: argparse.Namespace) -> None:
         replicas = 2 if side == "inplace-hsdp" else 0
         function: Any = goodput_train.train_in_place
         zero = 1 if side == "inplace-zero" else 0
-        ckpt = str(work / "ckpt") if side == "inplace-hsdp" else ""  # its restart path's
+        # what its restart path resumes from where a loss leaves no live copy (not DDP's)
+        ckpt = str(work / "ckpt") if side in ("inplace-hsdp", "inplace-zero") else ""
         fargs: tuple[Any, ...] = (data, logs, replicas, args.step_seconds, BATCH, zero, ckpt,
                                   args.every)  # fmt: skip
     else:
@@ -183,7 +188,7 @@ def run_side(side: str, work: Path, args: argparse.Namespace, rows: int) -> dict
     write_rows(work / "data", rows)
     command = [sys.executable, str(Path(__file__).resolve()), "--child", side, str(work)]
     command += [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-                if k not in ("child", "keep")]  # fmt: skip
+                if k not in ("child", "keep", "control")]  # fmt: skip
     with (work / "child.log").open("w") as out:
         # a session of its own, so that its tree can be killed without this process
         child = subprocess.Popen(
@@ -264,12 +269,25 @@ def print_table(found: list[dict[str, Any]], args: argparse.Namespace, rows: int
         losses = sum(1 for s in f["struck"] if s["kind"] != "none up")
         print(f"  {f['side']}: goodput {good:.3f} (goal >= 0.95: {_met(good >= 0.95)}); at 4 "
               f"ranks {fmt(f['full_size'])}")  # fmt: skip
+        _against_control(f)
         if best_rival:
             times = good / best_rival
             print(f"    {times:.2f}x the best other side's (goal >= 1.2x: {_met(times >= 1.2)})")
         print(f"    steps dropped {dropped} for {losses} loss(es) (goal: at most one a loss: "
               f"{_met(dropped <= losses)}); checkpoint files {f['checkpoint_files']} (goal: none, "
               "joiners heal from a live replica)")  # fmt: skip
+
+
+def _against_control(f: dict[str, Any]) -> None:
+    """With ``--control``: the side's goodput with its fault-free run's mean step (its wall time
+    over its steps, start-up and the machine's jitter in it) as the fault-free step time."""
+    control = f.get("control")
+    if not control or not control.get("steps") or "wall" not in control:
+        return
+    against = f["steps"] * control["wall"] / control["steps"] / f["wall"]
+    print(f"    against its fault-free run ({control['wall']:.1f} s, {control['steps']} steps, "
+          f"its own goodput {fmt(control.get('goodput'))}): {against:.3f} (goal >= 0.95: "
+          f"{_met(against >= 0.95)})")  # fmt: skip
 
 
 def _met(yes: bool) -> str:
@@ -288,6 +306,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--limit", type=float, default=3600.0)
     parser.add_argument("--sides", default=",".join(SIDES), help=f"of {', '.join(SIDES)}")
     parser.add_argument("--keep", action="store_true", help="keep the runs' folders")
+    parser.add_argument(
+        "--control", action="store_true",
+        help="also run each side without faults: goodput against its fault-free wall time",
+    )  # fmt: skip
     parser.add_argument("--child", nargs=2, metavar=("SIDE", "WORK"))
     return parser.parse_args(argv)
 
@@ -309,6 +331,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for index, side in enumerate(sides):
             log(f"{side}: {rows} rows")
             found.append(run_side(side, Path(tmp, f"side{index}"), args, rows))
+            if args.control:
+                log(f"{side}: {rows} rows, no faults (the control)")
+                quiet = argparse.Namespace(**{**vars(args), "mean_between": 0.0})
+                found[-1]["control"] = run_side(side, Path(tmp, f"control{index}"), quiet, rows)
     finally:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)

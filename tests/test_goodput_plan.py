@@ -41,6 +41,19 @@ def test_in_place_counts_a_step_in_the_generation_it_committed_in(tmp_path: Path
     assert trained.commits[(1, 1)] == (10.1, 2)  # the earliest rank's commit
 
 
+def test_in_place_a_restarts_commit_replaces_the_earlier_attempts(tmp_path: Path) -> None:
+    # Attempt 0 committed steps 1-3; its restart (generations from 1_000_000) resumed from the
+    # checkpoint of step 2 and trained step 3 again on other rows: the lineage is the restart's.
+    _write(tmp_path, "rank0-1.txt", [
+        "P 1 0 1.0 1 2", "C 1 0 1.1 1", "P 2 0 1.2 3 4", "C 2 0 1.3 1", "P 3 0 1.4 5 6",
+        "C 3 0 1.5 1",
+    ])  # fmt: skip
+    _write(tmp_path, "rank0-2.txt", ["P 3 1000000 9.0 5 6", "C 3 1000000 9.1 1"])
+    trained = plan.read_in_place(tmp_path)
+    assert sorted(trained.rows) == [1, 2, 3, 4, 5, 6] and trained.steps == 3
+    assert trained.dropped == 1  # attempt 0's step 3, trained again
+
+
 def test_torchfts_steps_not_committed_count_as_dropped(tmp_path: Path) -> None:
     # torchft's side logs a step at its commit, and "D" for a step tried and not committed.
     _write(tmp_path, "group0-1.txt", ["D 1 0 1.0", "P 1 0 2.0 1 2", "C 1 0 2.0 2", "D 2 0 3.0"])

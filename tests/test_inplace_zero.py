@@ -28,7 +28,7 @@ def _launch(tmp_path: Path, cluster: Any, ranks: int, zero: int, on_report: Any,
     return launch(
         _hsdp_train,
         (str(tmp_path / "data"), str(tmp_path / "logs"), 1, kw.get("step_seconds", 0.1),
-         kw.get("starts", 0), False, zero, "", kw.get("ckpt", "")),
+         kw.get("starts", 0), False, zero, "", str(kw.get("ckpt", ""))),
         num_processes=ranks,
         backend=cluster,
         min_processes=1,
@@ -84,10 +84,13 @@ def test_a_zero_run_loses_a_node_and_redivides_its_optimizer_partitions_in_place
     assert cluster.node_pids() == {}
 
 
-def test_a_returning_node_takes_its_partitions_from_the_live_ranks(tmp_path: Path) -> None:
+def test_a_returning_node_takes_its_partitions_from_the_live_ranks(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     """ZeRO-1 on 3 nodes; node 1 is killed and a node returns: it joins, receives the
-    parameters and its optimizer partitions from the live ranks (no checkpoint), and all three
-    end with the weights of a one-process replay."""
+    parameters and its optimizer partitions from the live ranks (no checkpoint read), and all
+    three end with the weights of a one-process replay. The loop's checkpoint (every 2 steps)
+    is staged at every size the partitions were cut for (3, 2, 3 ranks), none read."""
     from sparktrain import LocalCluster
 
     cluster = LocalCluster(nodes=3)
@@ -99,8 +102,15 @@ def test_a_returning_node_takes_its_partitions_from_the_live_ranks(tmp_path: Pat
             cluster.kill_node(1)
             cluster.add_node()
 
-    result = _launch(tmp_path, cluster, 3, 1, on_report, starts=4, step_seconds=0.2)
+    ckpt = tmp_path / "ckpt"
+    result = _launch(tmp_path, cluster, 3, 1, on_report, starts=4, step_seconds=0.2, ckpt=ckpt)
     assert struck and result.attempts == 1 and result.world_size == 3
+    err = capfd.readouterr().err
+    # (the save in flight at the kill may fail: its peer is gone; no save fails to stage)
+    assert "could not stage" not in err and "loaded from" not in err
+    steps = ckpt.glob("step-*")
+    saved = {json.loads((step / "COMPLETE").read_text())["world_size"] for step in steps}
+    assert saved == {3}, saved  # the newest (kept: 2) at the end's size
     outcomes = sorted((r.cause, r.outcome) for r in result.rescales)
     assert outcomes == [("grew", "healed"), ("lost", "redivided")], outcomes
     ends = _ends(tmp_path)

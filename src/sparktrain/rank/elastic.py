@@ -158,9 +158,10 @@ def in_place(
             model, optimizer, make_data, store=in_place_store(), me=env.contract_rank(),
             joining=joining,
         )  # fmt: skip
-    if keeper is not None and not joining and not run.left:
-        keeper.resume(run)  # the attempt's first generation: the restart path's checkpoint
-    run.keeper = keeper
+    if keeper is not None:
+        if not joining and not run.left:
+            keeper.resume(run)  # the attempt's first generation: the restart path's checkpoint
+        run.keeper = keeper
     return run
 
 

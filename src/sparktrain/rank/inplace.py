@@ -44,6 +44,7 @@ from sparktrain.contract.inplace import (
 from sparktrain.ground.errors import ConfigError
 from sparktrain.rank import process_groups
 from sparktrain.rank.flat_grads import grad_views, trained_params, use_views
+from sparktrain.rank.inplace_keep import NO_KEEPER
 
 #: How often a rank waiting on a collective looks at its generation's abort key (seconds).
 ABORT_POLL_SECONDS = 0.01
@@ -84,7 +85,7 @@ class InPlace:
 
     #: Errors of a recovery that end it rather than being tried again.
     FINAL: tuple[type[RuntimeError], ...] = ()
-    keeper: Any = None  #: the run's own checkpoint (``in_place(..., checkpoint_dir=)``)
+    keeper: Any = NO_KEEPER  #: its own checkpoint (``in_place(..., checkpoint_dir=)``)
 
     def __init__(
         self,
@@ -103,8 +104,7 @@ class InPlace:
         store.set(KIND, "replicated")  # the driver decides a loss by it
         self.generation = 0
         self.members: list[int] = []
-        self.steps = 0  # committed
-        self.dropped = 0
+        self.steps = self.dropped = 0  # committed; dropped
         self.requests_done = 0  # the driver's requests acted on
         self._requests_seen = 0
         self._next_look = 0.0
@@ -258,11 +258,11 @@ class InPlace:
             for batch in self.data:
                 generation = self.generation
                 yield batch
-                if self.keeper is not None and self.generation == generation:  # no resize
-                    self.keeper.after_step(self)
+                self.keeper.after_step(self, generation)  # a checkpoint every N steps
                 if self._reshard or self.left:
                     break
             else:
+                self.keeper.finish(self)  # its last save's failure said, not raised at the end
                 self.store.set(FINISHED, "1")  # a joiner still waiting need not
                 return
 

@@ -110,10 +110,15 @@ class Keeper:
         self.loaded = self.saved_at = run.steps
 
     # -- the loop --------------------------------------------------------------------------------
-    def after_step(self, run: Any) -> None:
-        """Save if ``run`` committed a multiple of ``every`` in the generation it is in now."""
+    def after_step(self, run: Any, generation: int) -> None:
+        """Save if ``run`` committed a multiple of ``every`` in ``generation``, its current one.
+
+        A step whose commit changed the group (a loss, a notice, a joiner) saves nothing.
+        """
         steps = run.steps
         if steps % self.every or steps == self.saved_at or run.left:
+            return
+        if run.generation != generation:
             return
         self.saved_at = steps
         sharded = self._sharded(run)
@@ -137,6 +142,15 @@ class Keeper:
         except (RuntimeError, CheckpointError) as error:  # a peer lost while the ranks agreed
             _say(run, steps, error)
 
+    def finish(self, run: Any) -> None:
+        """At the loop's end: wait for the last save; its failure is said, not raised."""
+        from sparktrain.rank.checkpoint import wait
+
+        try:
+            wait()
+        except CheckpointError as error:
+            _say(run, run.steps - run.steps % self.every, error)
+
     @staticmethod
     def _sharded(run: Any) -> bool:
         """An HSDP run (its replica group's layout)."""
@@ -148,6 +162,20 @@ class Keeper:
 
         model_state, optim_state = get_state_dict(run.model, run.optimizer)
         return {"model": model_state, "optim": optim_state}
+
+
+class _NoKeeper:
+    """An in-place run without ``checkpoint_dir``: nothing to save."""
+
+    def after_step(self, run: Any, generation: int) -> None:
+        """Nothing."""
+
+    def finish(self, run: Any) -> None:
+        """Nothing."""
+
+
+#: What an in-place run without its own checkpoint keeps.
+NO_KEEPER = _NoKeeper()
 
 
 def _zero(run: Any) -> bool:

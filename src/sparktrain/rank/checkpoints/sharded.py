@@ -135,12 +135,18 @@ def _nbytes(state: Any) -> int:
 
 
 def _keys(state: Any, prefix: str = "") -> list[str]:
+    """Names, shapes and dtypes, and a DTensor's local shape (the staged buffers' key).
+
+    An in-place ZeRO run cuts its partitions anew at the same global shape: its buffers must be
+    made again.
+    """
     if isinstance(state, dict):
         return [k for key, value in state.items() for k in _keys(value, f"{prefix}{key}.")]
     shape = getattr(state, "shape", None)
     if shape is None:
         return [prefix]
-    return [f"{prefix}:{tuple(shape)}:{getattr(state, 'dtype', '')}"]
+    local = tuple(state.to_local().shape) if hasattr(state, "to_local") else ""
+    return [f"{prefix}:{tuple(shape)}:{local}:{getattr(state, 'dtype', '')}"]
 
 
 def _on_gpu(state: Any) -> bool:

@@ -70,8 +70,7 @@ class Keeper:
     def __init__(self, directory: object, every: object, keep: int = 2) -> None:
         self.directory, self.every = _check(directory, every)
         self.keep = keep
-        self.saved_at = -1  # the step of this rank's last save
-        self.loaded: int | None = None  # the step resumed from
+        self.saved_at = -1  # the step of this rank's last save (or the one resumed from)
 
     # -- the restart -----------------------------------------------------------------------------
     def resume(self, run: Any) -> None:
@@ -107,7 +106,7 @@ class Keeper:
             run.optimizer.load_state_dict(state["optim"])
         counts = json.loads(state[RUN])
         run.steps, run.data_state = int(counts["steps"]), counts["data"]
-        self.loaded = self.saved_at = run.steps
+        self.saved_at = run.steps
 
     # -- the loop --------------------------------------------------------------------------------
     def after_step(self, run: Any, generation: int) -> None:
@@ -116,9 +115,7 @@ class Keeper:
         A step whose commit changed the group (a loss, a notice, a joiner) saves nothing.
         """
         steps = run.steps
-        if steps % self.every or steps == self.saved_at or run.left:
-            return
-        if run.generation != generation:
+        if steps % self.every or steps == self.saved_at or run.left or run.generation != generation:
             return
         self.saved_at = steps
         sharded = self._sharded(run)
@@ -158,10 +155,9 @@ class Keeper:
 
     @staticmethod
     def _sharded_state(run: Any) -> dict[str, Any]:
-        from torch.distributed.checkpoint.state_dict import get_state_dict
+        from sparktrain.strategies.reshard import sharded_state
 
-        model_state, optim_state = get_state_dict(run.model, run.optimizer)
-        return {"model": model_state, "optim": optim_state}
+        return sharded_state(run.model, run.optimizer)
 
 
 class _NoKeeper:

@@ -49,23 +49,6 @@ def _own(run: Any, tensor: Any, mesh: Any) -> Any:
     )
 
 
-def _init_state(run: Any) -> None:
-    """Give a fresh optimizer its state (a step of zero gradients at learning rate 0)."""
-    import torch
-
-    if run.optimizer.state:
-        return
-    for part in run.parts.values():
-        part.grad = torch.zeros_like(part)
-    rates = [group["lr"] for group in run.optimizer.param_groups]
-    for group in run.optimizer.param_groups:
-        group["lr"] = 0.0
-    run.optimizer.step()
-    for group, rate in zip(run.optimizer.param_groups, rates, strict=True):
-        group["lr"] = rate
-    run.optimizer.zero_grad(set_to_none=True)
-
-
 def state(run: Any) -> dict[str, Any]:
     """What this rank saves: its own partition of the parameters and of each state."""
     import torch
@@ -86,8 +69,9 @@ def state(run: Any) -> dict[str, Any]:
 def target(run: Any) -> dict[str, Any]:
     """What a load fills: every parameter, and this rank's own new partition's states."""
     import torch
+    from torch.distributed.checkpoint.state_dict import _init_optim_state
 
-    _init_state(run)
+    _init_optim_state(run.optimizer)  # a fresh one's state: a step of zero gradients at lr 0
     mesh, own = _mesh(), run.parts[run.plan.index(run.me)]
     states: dict[str, Any] = {}
     for key, value in run.optimizer.state[own].items():

@@ -46,7 +46,17 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import fmt, kill_tree, log, print_machine, report_leftovers
-from goodput_plan import choose, full_size, goodput, read_in_place, read_restarts, schedule
+from goodput_plan import (
+    STALL_STEPS,
+    choose,
+    full_size,
+    goodput,
+    node_starts,
+    read_in_place,
+    read_restarts,
+    schedule,
+    spent,
+)
 
 SIDES = {
     "inplace-ddp": "sparktrain in place, DDP",
@@ -122,13 +132,14 @@ def child(side: str, work: Path, args: argparse.Namespace) -> None:
         if args.mean_between > 0
         else []  # the fault-free control (--control)
     )
+    began = time.time()  # the launch, or the rival's start
     if side == "torchrun":
         import goodput_torchrun
 
         worker = [str(work / "data"), str(work / "ckpt"), str(work / "logs"),
                   str(args.step_seconds), str(BATCH), str(args.every)]  # fmt: skip
         payload = goodput_torchrun.run(work, WORLD, worker, faults, args.limit)
-        (work / "result.json").write_text(json.dumps(payload))
+        (work / "result.json").write_text(json.dumps({**payload, "began": began}))
         return
     if side == "raytrain":
         import goodput_raytrain
@@ -136,14 +147,14 @@ def child(side: str, work: Path, args: argparse.Namespace) -> None:
         worker = [str(work / "data"), str(work / "logs"), str(args.step_seconds), str(BATCH),
                   str(args.every)]  # fmt: skip
         payload = goodput_raytrain.run(work, WORLD, worker, faults, args.limit)
-        (work / "result.json").write_text(json.dumps(payload))
+        (work / "result.json").write_text(json.dumps({**payload, "began": began}))
         return
     if side == "torchft":
         import goodput_torchft
 
         worker = [str(work / "data"), str(work / "logs"), str(args.step_seconds), str(BATCH)]
         payload = goodput_torchft.run(work, WORLD, worker, faults, args.limit)
-        (work / "result.json").write_text(json.dumps(payload))
+        (work / "result.json").write_text(json.dumps({**payload, "began": began}))
         return
     in_place = side.startswith("inplace")
     cluster = LocalCluster(nodes=WORLD)
@@ -162,7 +173,7 @@ def child(side: str, work: Path, args: argparse.Namespace) -> None:
         function = goodput_train.train_restart
         fargs = (data, str(work / "ckpt"), logs, args.step_seconds, BATCH, args.every)
     player = threading.Thread(target=_play, args=(cluster, faults, in_place, stop, struck))
-    began = time.monotonic()
+    began, started = time.time(), time.monotonic()
     player.start()
     try:
         result = launch(
@@ -173,9 +184,11 @@ def child(side: str, work: Path, args: argparse.Namespace) -> None:
     finally:
         stop.set()
         player.join()
-    wall = time.monotonic() - began
-    rescales = [(r.cause, r.old_world_size, r.new_world_size, r.in_place) for r in result.rescales]
-    payload = {"wall": wall, "struck": struck, "rescales": rescales, "attempts": result.attempts}
+    wall = time.monotonic() - started
+    rescales = [(r.cause, r.old_world_size, r.new_world_size, r.in_place, r.at)
+                for r in result.rescales]  # fmt: skip
+    payload = {"wall": wall, "struck": struck, "rescales": rescales, "attempts": result.attempts,
+               "began": began}  # fmt: skip
     (work / "result.json").write_text(json.dumps(payload))
     time.sleep(1.0)  # the last timers' nodes
     sparktrain.shutdown_warm()
@@ -222,6 +235,11 @@ def run_side(side: str, work: Path, args: argparse.Namespace, rows: int) -> dict
         full_size=full_size(trained, WORLD, BATCH, result["wall"], step),
         checkpoint_files=len(list(work.glob("ckpt/**/*"))),
     )  # fmt: skip
+    began = result.get("began", 0.0)
+    losses, starts = node_starts(
+        began, result["struck"], result["rescales"], args.back_after, NOTICE_SECONDS
+    )
+    found["spent"] = spent(trained, began, result["wall"], step, losses, starts)
     if found["duplicated"] or found["missing"]:
         found["problems"].append(f"{found['duplicated']} rows twice, {found['missing']} never")
     return found
@@ -259,6 +277,7 @@ def print_table(found: list[dict[str, Any]], args: argparse.Namespace, rows: int
             print(f"{'':28} (never at 4 ranks: the fault-free step is {f['step_from']}'s)")
         if f.get("relaunches"):
             print(f"{'':28} (the job failed and was launched again {f['relaunches']} time(s))")
+    print_spent(found)
     rivals = [f.get("goodput") or 0 for f in found if "in place" not in f["side"]]
     best_rival = max(rivals, default=0)
     print("Goals")
@@ -276,6 +295,23 @@ def print_table(found: list[dict[str, Any]], args: argparse.Namespace, rows: int
         print(f"    steps dropped {dropped} for {losses} loss(es) (goal: at most one a loss: "
               f"{_met(dropped <= losses)}); checkpoint files {f['checkpoint_files']} (goal: none, "
               "joiners heal from a live replica)")  # fmt: skip
+
+
+def print_spent(found: list[dict[str, Any]]) -> None:
+    """Where each side's wall time went (:func:`goodput_plan.spent`)."""
+    print(f"Where the wall time went, s (start: launch to the first step that counts; at loss: "
+          f"gaps holding a loss; starting: other gaps over {STALL_STEPS} steps while a returning "
+          "node starts; stalls: the rest of those; slow: the other steps' excess; end: the last "
+          "step to the return)")  # fmt: skip
+    print(f"{'side':28} {'trained':>8} {'start':>7} {'at loss':>8} {'starting':>9} {'stalls':>7} "
+          f"{'slow':>7} {'end':>6}")  # fmt: skip
+    for f in found:
+        if not f.get("spent"):
+            continue
+        used, parts = f["steps"] * f["step"], f["spent"]
+        print(f"{f['side']:28} {used:8.1f} {parts['start']:7.1f} {parts['at_loss']:8.1f} "
+              f"{parts['starting']:9.1f} {parts['stalls']:7.1f} {parts['slow']:7.1f} "
+              f"{parts['end']:6.1f}")  # fmt: skip
 
 
 def _against_control(f: dict[str, Any]) -> None:

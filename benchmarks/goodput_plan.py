@@ -24,6 +24,7 @@ generations, or more often in one than padding explains, is a duplicate.
 
 from __future__ import annotations
 
+import itertools
 import random
 import statistics
 from dataclasses import dataclass, field
@@ -73,6 +74,8 @@ class Trained:
     commits: dict[tuple[int, int], tuple[float, int]] = field(default_factory=dict)
     resumes: int = 0
     dropped: int = 0  # in place: steps attempted in a generation and committed in none
+    #: each step that counts -> when it committed (in the generation or attempt that counts)
+    counted: dict[int, float] = field(default_factory=dict)
 
     def commit(self, generation: int, step: int, at: float, world: int) -> None:
         """A rank committed ``step`` in ``generation`` at ``at`` (the earliest rank counts)."""
@@ -134,6 +137,7 @@ def read_in_place(logs: Path) -> Trained:
             trained.commit(int(generation), int(step), float(at), int(rest[0]))
     for step, generation in committed.items():
         trained.train(generation, pending.get((step, generation), []))
+        trained.counted[step] = trained.commits[(generation, step)][0]
     trained.dropped = sum(1 for step, generation in pending if committed.get(step) != generation)
     # torchft logs a step it did not commit as ``D`` (it tries the batch again): the most any
     # one group logged
@@ -168,6 +172,7 @@ def read_restarts(logs: Path) -> Trained:
         for step, ids in steps[attempt].items():
             if upto is None or step <= upto:
                 trained.train(attempt, ids)
+                trained.counted[step] = trained.commits[(attempt, step)][0]
     return trained
 
 
@@ -176,6 +181,64 @@ def goodput(trained: Trained, wall: float, step: float | None) -> float | None:
     if step is None or wall <= 0:
         return None
     return trained.steps * step / wall
+
+
+#: A gap between two counted steps longer than this many fault-free steps is a stall.
+STALL_STEPS = 3
+
+
+def spent(  # noqa: PLR0917 - what one side's run says
+    trained: Trained, began: float, wall: float, step: float | None,
+    losses: list[float] = (), starts: list[tuple[float, float]] = (),
+) -> dict[str, float]:  # fmt: skip
+    """Where the wall time not spent on counted steps went, in seconds.
+
+    ``start``: from the launch to the first counted step's commit (start-up, and any restart
+    before a step that counts); ``end``: from the last counted commit to the launch's return.
+    Between them, each gap between two counted steps costs its excess over the fault-free
+    ``step``: ``at_loss`` where the gap holds a loss (one of ``losses``, absolute times: the
+    recovery and the step dropped), ``starting`` where it overlaps a returning node's start-up
+    (``starts``: from its start to its joining) and is longer than :data:`STALL_STEPS` steps
+    (the joiner's imports take the CPU the ranks train on where nodes share a machine),
+    ``stalls`` the other long gaps, ``slow`` the rest (negative where steps at fewer ranks are
+    faster). With the counted steps x ``step`` they add up to ``wall`` (less one step).
+    """
+    times = sorted(trained.counted.values())
+    if step is None or not times:
+        return {}
+    parts = {"start": times[0] - began, "at_loss": 0.0, "starting": 0.0, "stalls": 0.0,
+             "slow": 0.0, "end": began + wall - times[-1]}  # fmt: skip
+    for a, b in itertools.pairwise(times):
+        if any(a <= t < b for t in losses):
+            part = "at_loss"
+        elif b - a <= STALL_STEPS * step:
+            part = "slow"
+        elif any(a < end and b > start for start, end in starts):
+            part = "starting"
+        else:
+            part = "stalls"
+        parts[part] += b - a - step
+    return parts
+
+
+def node_starts(
+    began: float, struck: list[dict], rescales: list[list], back_after: float, lead: float
+) -> tuple[list[float], list[tuple[float, float]]]:
+    """The losses' absolute times (a notice's when it was given: its node leaves at the step's
+    end), and each returning node's start-up: from its start (``back_after`` after its machine
+    went, which is ``lead`` after a notice) to the first ``grew`` rescale after that
+    (``rescales``: ``[cause, old, new, in_place, at]``; none after it: no start-up counted)."""
+    losses, starts = [], []
+    grew = sorted(r[4] for r in rescales if r[0] == "grew" and len(r) > 4)
+    for s in struck:
+        if "node" not in s:
+            continue
+        losses.append(began + s["at"])
+        start = began + s["at"] + (lead if s["kind"] == "notice" else 0.0) + back_after
+        end = next((g for g in grew if g >= start), None)
+        if end is not None:
+            starts.append((start, end))
+    return losses, starts
 
 
 def full_size(

@@ -117,3 +117,28 @@ def test_every_world_size_divides_the_epoch_and_a_side_never_at_full_size_borrow
     assert torchrun["step"] == 0.5 and torchrun["goodput"] == 8 * 0.5 / 100.0
     assert torchrun["full_size"] == 80 / 16 * 0.5 / 100.0
     assert torchrun["step_from"] == restart["side"]
+
+
+def test_where_the_time_went_adds_up_to_the_wall_and_names_each_gaps_cause(tmp_path: Path) -> None:
+    # Launch at 100; steps of 1 s commit at 110-113, a loss at 113.5 (next commit 115), steps
+    # at 116, a 6 s gap at 122 while a returning node starts (118-121.5), a 5 s gap with no
+    # cause at 127; the launch returns at 130.
+    times = [110, 111, 112, 113, 115, 116, 122, 123, 128]
+    _write(tmp_path, "rank0-1.txt",
+           [line for n, at in enumerate(times, 1) for line in (f"P {n} 1 {at - 0.5} {n}",
+                                                              f"C {n} 1 {at} 4")])  # fmt: skip
+    trained = plan.read_in_place(tmp_path)
+    losses, starts = plan.node_starts(
+        100.0, [{"at": 13.5, "kind": "kill", "node": 2}, {"at": 30.0, "kind": "none up"}],
+        [["lost", 4, 3, True, 113.6], ["grew", 3, 4, True, 121.5]], 4.5, 2.0,
+    )  # fmt: skip
+    assert losses == [113.5] and starts == [(118.0, 121.5)]
+    parts = plan.spent(trained, 100.0, 30.0, 1.0, losses, starts)
+    assert parts == {"start": 10.0, "at_loss": 1.0, "starting": 5.0, "stalls": 4.0,
+                     "slow": 0.0, "end": 2.0}  # fmt: skip
+    assert sum(parts.values()) + trained.steps * 1.0 == 30.0 + 1.0  # less one step
+    # a notice's node goes ``lead`` later, so it is back that much later; no grew: no start-up
+    assert plan.node_starts(0.0, [{"at": 1.0, "kind": "notice", "node": 1}], [], 5.0, 2.0) == (
+        [1.0],
+        [],
+    )

@@ -14,6 +14,10 @@ the same seeded schedule of losses plays against it (:mod:`goodput_plan`: a node
   wall, which also counts the capacity out while a node is away as lost;
 * exactly once: rows trained twice or never (a side with either fails its check); the rows the
   reader repeats to pad a rest that does not divide among the ranks are shown apart.
+* rows/s: the distinct rows trained / wall, comparable across sides (the same rows, model and
+  batch), where goodput measures each side against its own fault-free step;
+* where the wall time went (:func:`goodput_plan.spent`): start-up, gaps at a loss, long gaps
+  while a returning node starts, other stalls, slow steps, the end.
 
 Sides today: sparktrain in place with DDP's layout, in place with HSDP (2 replica groups of 2
 shards, ``fully_shard`` in each), sparktrain's restart path (DDP, asynchronous checkpoints
@@ -21,7 +25,8 @@ every ``--every`` steps, ``grow_back``), and torchrun's elastic agent (four agen
 ``async_save`` every ``--every`` steps: :mod:`goodput_torchrun`), and torchft (four replica
 groups of one process, its lighthouse, DDP: :mod:`goodput_torchft`, in a venv of its own made on
 first use), and Ray Train v2 (its elastic worker group on a 4-node Ray cluster on this
-machine, checkpoints reported to it: :mod:`goodput_raytrain`).
+machine, checkpoints reported to it: :mod:`goodput_raytrain`), and sparktrain in place with
+DDP's layout on that Ray cluster (``inplace-ddp-ray``: :mod:`goodput_ray`).
 
     python benchmarks/goodput.py                      # 10 minutes of losses a side
     python benchmarks/goodput.py --minutes 3 --mean-between 30 --back-after 15
@@ -62,6 +67,7 @@ SIDES = {
     "inplace-ddp": "sparktrain in place, DDP",
     "inplace-hsdp": "sparktrain in place, HSDP 2x2",
     "inplace-zero": "sparktrain in place, ZeRO-1",
+    "inplace-ddp-ray": "sparktrain in place, DDP, Ray",
     "restart": "sparktrain restart, ckpts",
     "torchrun": "torchrun elastic, DCP ckpts",
     "torchft": "torchft, 4 replica groups",
@@ -139,7 +145,7 @@ def child(side: str, work: Path, args: argparse.Namespace) -> None:
         worker = [str(work / "data"), str(work / "ckpt"), str(work / "logs"),
                   str(args.step_seconds), str(BATCH), str(args.every)]  # fmt: skip
         payload = goodput_torchrun.run(work, WORLD, worker, faults, args.limit)
-        (work / "result.json").write_text(json.dumps({**payload, "began": began}))
+        (work / "result.json").write_text(json.dumps({"began": began, **payload}))
         return
     if side == "raytrain":
         import goodput_raytrain
@@ -147,17 +153,16 @@ def child(side: str, work: Path, args: argparse.Namespace) -> None:
         worker = [str(work / "data"), str(work / "logs"), str(args.step_seconds), str(BATCH),
                   str(args.every)]  # fmt: skip
         payload = goodput_raytrain.run(work, WORLD, worker, faults, args.limit)
-        (work / "result.json").write_text(json.dumps({**payload, "began": began}))
+        (work / "result.json").write_text(json.dumps({"began": began, **payload}))
         return
     if side == "torchft":
         import goodput_torchft
 
         worker = [str(work / "data"), str(work / "logs"), str(args.step_seconds), str(BATCH)]
         payload = goodput_torchft.run(work, WORLD, worker, faults, args.limit)
-        (work / "result.json").write_text(json.dumps({**payload, "began": began}))
+        (work / "result.json").write_text(json.dumps({"began": began, **payload}))
         return
     in_place = side.startswith("inplace")
-    cluster = LocalCluster(nodes=WORLD)
     struck: list[dict[str, Any]] = []
     stop = threading.Event()
     data, logs = str(work / "data"), str(work / "logs")
@@ -172,6 +177,13 @@ def child(side: str, work: Path, args: argparse.Namespace) -> None:
     else:
         function = goodput_train.train_restart
         fargs = (data, str(work / "ckpt"), logs, args.step_seconds, BATCH, args.every)
+    if side.endswith("-ray"):
+        import goodput_ray
+
+        payload = goodput_ray.run(work, WORLD, function, fargs, faults, args.limit)
+        (work / "result.json").write_text(json.dumps({"began": began, **payload}))
+        return
+    cluster = LocalCluster(nodes=WORLD)
     player = threading.Thread(target=_play, args=(cluster, faults, in_place, stop, struck))
     began, started = time.time(), time.monotonic()
     player.start()
@@ -260,8 +272,8 @@ def print_table(found: list[dict[str, Any]], args: argparse.Namespace, rows: int
     print(f"\nGoodput: {rows} rows once, 4 nodes of 1 rank, a loss every {args.mean_between:.0f} s"
           f" on average (seed {args.seed}, {args.notice_share:.0%} notices), back after "
           f"{args.back_after:.0f} s, {args.step_seconds} s sleep a step")  # fmt: skip
-    print(f"{'side':28} {'wall s':>8} {'step s':>7} {'goodput':>8} {'at 4':>6} {'losses':>7}"
-          f" {'rescales':>9} {'ckpt files':>10}  exactly once")  # fmt: skip
+    print(f"{'side':28} {'wall s':>8} {'step s':>7} {'goodput':>8} {'at 4':>6} {'rows/s':>7}"
+          f" {'losses':>7} {'rescales':>9} {'ckpt files':>10}  exactly once")  # fmt: skip
     for f in found:
         if "wall" not in f:
             print(f"{f['side']:28} failed: {'; '.join(f['problems'])}")
@@ -271,7 +283,8 @@ def print_table(found: list[dict[str, Any]], args: argparse.Namespace, rows: int
         if f.get("padded"):
             once += f" (+{f['padded']} padded)"
         print(f"{f['side']:28} {f['wall']:8.1f} {fmt(f['step']):>7} {fmt(f['goodput']):>8} "
-              f"{fmt(f['full_size']):>6} {losses:>7} {len(f['rescales']):>9} "
+              f"{fmt(f['full_size']):>6} {f['rows'] / f['wall']:7.1f} {losses:>7} "
+              f"{len(f['rescales']):>9} "
               f"{f['checkpoint_files']:>10}  {once}")  # fmt: skip
         if f.get("step_from"):
             print(f"{'':28} (never at 4 ranks: the fault-free step is {f['step_from']}'s)")
@@ -280,6 +293,8 @@ def print_table(found: list[dict[str, Any]], args: argparse.Namespace, rows: int
     print_spent(found)
     rivals = [f.get("goodput") or 0 for f in found if "in place" not in f["side"]]
     best_rival = max(rivals, default=0)
+    pace = max((f["rows"] / f["wall"] for f in found
+                if "in place" not in f["side"] and f.get("wall")), default=0)  # fmt: skip
     print("Goals")
     for f in found:
         if "in place" not in f["side"] or not f.get("goodput"):
@@ -292,6 +307,9 @@ def print_table(found: list[dict[str, Any]], args: argparse.Namespace, rows: int
         if best_rival:
             times = good / best_rival
             print(f"    {times:.2f}x the best other side's (goal >= 1.2x: {_met(times >= 1.2)})")
+        if pace:  # the rows each side trained (once) a second of its wall: not a goal
+            print(f"    rows trained a second {f['rows'] / f['wall']:.1f}, "
+                  f"{f['rows'] / f['wall'] / pace:.2f}x the most of the other sides")  # fmt: skip
         print(f"    steps dropped {dropped} for {losses} loss(es) (goal: at most one a loss: "
               f"{_met(dropped <= losses)}); checkpoint files {f['checkpoint_files']} (goal: none, "
               "joiners heal from a live replica)")  # fmt: skip

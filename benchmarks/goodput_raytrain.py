@@ -132,7 +132,7 @@ def run(work: Path, nodes: int, worker_args: list[str], faults: list[Fault],
             finally:
                 done.set()
 
-        began = time.monotonic()
+        began, since = time.monotonic(), time.time()
         threading.Thread(target=fit, daemon=True).start()
         _play(
             workers, faults, done, began + limit, struck
@@ -147,4 +147,5 @@ def run(work: Path, nodes: int, worker_args: list[str], faults: list[Fault],
         cluster.shutdown()
     rounds = {p.name.split("-")[0] for p in Path(logs).glob("attempt*")}
     rescales = [("round", 0, 0, False)] * max(0, len(rounds) - 1)
-    return {"wall": wall, "struck": struck, "rescales": rescales, "attempts": len(rounds)}
+    return {"wall": wall, "struck": struck, "rescales": rescales, "attempts": len(rounds),
+            "began": since}  # fmt: skip

@@ -167,7 +167,7 @@ def run(work: Path, nodes: int, worker_args: list[str], faults: list[Fault],
     player = threading.Thread(
         target=play_kills, args=(groups.up, groups.lose, groups.start, faults, stop, struck)
     )
-    began = time.monotonic()
+    began, since = time.monotonic(), time.time()
     try:
         for node in range(nodes):
             groups.start(node)
@@ -189,7 +189,7 @@ def run(work: Path, nodes: int, worker_args: list[str], faults: list[Fault],
         groups.stop()
     if code != 0:
         raise RuntimeError(f"torchft's group 0 exited {code}; see {work}")
-    return {"wall": wall, "struck": struck, "rescales": [], "attempts": 1}
+    return {"wall": wall, "struck": struck, "rescales": [], "attempts": 1, "began": since}
 
 
 if __name__ == "__main__":  # a replica group: group nodes data logs lighthouse step_s batch

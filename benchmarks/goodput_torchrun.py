@@ -144,7 +144,7 @@ def run(work: Path, nodes: int, worker_args: list[str], faults: list[Fault],
     agents = Agents(work, nodes, worker_args)
     struck: list[dict[str, Any]] = []
     stop = threading.Event()
-    began, relaunches = time.monotonic(), 0
+    began, since, relaunches = time.monotonic(), time.time(), 0
     player = threading.Thread(
         target=play_kills, args=(agents.up, agents.lose, agents.back, faults, stop, struck)
     )
@@ -169,4 +169,4 @@ def run(work: Path, nodes: int, worker_args: list[str], faults: list[Fault],
     # A rendezvous round after the first is a rescale (lost, grown or relaunched).
     rescales = [("round", 0, 0, False)] * max(0, len(rounds) - 1)
     return {"wall": wall, "struck": struck, "rescales": rescales, "attempts": len(rounds),
-            "relaunches": relaunches}  # fmt: skip
+            "relaunches": relaunches, "began": since}  # fmt: skip

@@ -27,6 +27,7 @@ from __future__ import annotations
 import itertools
 import random
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -189,7 +190,7 @@ STALL_STEPS = 3
 
 def spent(  # noqa: PLR0917 - what one side's run says
     trained: Trained, began: float, wall: float, step: float | None,
-    losses: list[float] = (), starts: list[tuple[float, float]] = (),
+    losses: Sequence[float] = (), starts: Sequence[tuple[float, float]] = (),
 ) -> dict[str, float]:  # fmt: skip
     """Where the wall time not spent on counted steps went, in seconds.
 

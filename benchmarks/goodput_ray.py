@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from goodput_plan import Fault
-from goodput_raytrain import RayNodes, _play
+from goodput_raytrain import RayNodes, play
 
 
 def run(  # noqa: PLR0917 - one side's run
@@ -60,7 +60,7 @@ def run(  # noqa: PLR0917 - one side's run
 
         began, since = time.monotonic(), time.time()
         threading.Thread(target=train, daemon=True).start()
-        _play(workers, faults, done, began + limit, struck)  # Ray's nodes: the main thread
+        play(workers, faults, done, began + limit, struck)  # Ray's nodes: the main thread
         if not done.wait(60):
             raise RuntimeError(f"sparktrain on Ray did not finish within {limit:.0f} s; see {work}")
         wall = time.monotonic() - began

@@ -49,7 +49,7 @@ class RayNodes:
                 self.cluster.remove_node(node, allow_graceful=False)
 
 
-def _play(
+def play(
     workers: RayNodes, faults: list[Fault], done: threading.Event, until: float, struck: list
 ) -> None:
     """Apply ``faults`` until ``done`` (or ``until``), in this thread: each a node removed, the
@@ -134,7 +134,7 @@ def run(work: Path, nodes: int, worker_args: list[str], faults: list[Fault],
 
         began, since = time.monotonic(), time.time()
         threading.Thread(target=fit, daemon=True).start()
-        _play(
+        play(
             workers, faults, done, began + limit, struck
         )  # here: Ray starts nodes in the main thread
         if not done.is_set():
